@@ -1,0 +1,74 @@
+"""Side effects the engine needs, as protocols. The Django side (plugins_app) implements them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Invocation:
+    """One hook run (or fallback), as recorded for metrics and traces."""
+
+    trace_id: str
+    plugin: str
+    hook: str
+    agent_id: str
+    started_at: float  # unix time
+    elapsed_ms: float
+    ok: bool
+    error_kind: str | None = None
+    error: str | None = None
+    input_preview: str = ""
+    output_preview: str = ""
+    stderr_tail: str = ""
+    job_id: str | None = None
+    annotations: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class MemoryStore(Protocol):
+    def remember(self, agent_id: str, peer_id: str | None, content: str, scope: str = "hook",
+                 tags: list[str] | None = None, source: str = "") -> None: ...
+
+    def recall(self, agent_id: str, peer_id: str | None, query: str, limit: int) -> list[dict[str, Any]]: ...
+
+
+class InvocationSink(Protocol):
+    """Receives every invocation: metrics and traces."""
+
+    def record(self, invocation: Invocation) -> None: ...
+
+
+class StderrSink(Protocol):
+    """Receives each stderr line of a running hook, as it arrives."""
+
+    def line(self, plugin: str, hook: str, line: str, trace_id: str) -> None: ...
+
+
+class Summarizer(Protocol):
+    """An LLM endpoint that turns role-labelled text into a summary; None when none is configured."""
+
+    def summarize(self, text: str, max_tokens: int, prompt: str | None = None) -> str: ...
+
+
+Clock = Callable[[], float]
+
+
+class NullMemory:
+    def remember(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def recall(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return []
+
+
+class NullInvocationSink:
+    def record(self, invocation: Invocation) -> None:
+        return None
+
+
+class NullStderrSink:
+    def line(self, plugin: str, hook: str, line: str, trace_id: str) -> None:
+        return None

@@ -1,0 +1,336 @@
+"""Run one hook script as a fresh, sandboxed subprocess speaking the JSON stdin/stdout protocol.
+
+One process group per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
+stderr streamed line by line to a callback as it arrives.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine import protocol as P
+from engine.protocol import Failure
+from engine.runtimes import LauncherNotFound, ResolvedRuntime, build_command
+
+StderrCallback = Callable[[str], None]
+
+# After the hook itself exits, how long we keep reading pipes that a grandchild may still hold open.
+GRANDCHILD_GRACE_SECS = 0.2
+READ_CHUNK = 65536
+
+
+@dataclass
+class HookCall:
+    """Everything needed to run one hook once."""
+
+    plugin_dir: Path
+    script: str  # as declared in plugin.toml, relative to plugin_dir
+    runtime: ResolvedRuntime
+    request: Any
+    timeout_secs: float
+    plugin_env: Mapping[str, str] = field(default_factory=dict)  # [env], already expanded
+    allowed_env_vars: tuple[str, ...] = ()
+    data_dir: Path | None = None
+    max_memory_mb: int | None = None
+    max_cpu_secs: int | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. LIBREFANG_PLUGIN_CONFIG
+
+
+@dataclass
+class HookResult:
+    ok: bool
+    reply: Any = None
+    failure: Failure | None = None
+    stderr: str = ""
+    stdout: str = ""
+    elapsed_ms: float = 0.0
+    returncode: int | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "reply": self.reply,
+            "error": self.failure.to_dict() if self.failure else None,
+            "stderr": self.stderr,
+            "elapsed_ms": round(self.elapsed_ms, 3),
+        }
+
+
+def resolve_script(plugin_dir: Path, script: str) -> Path:
+    """The script's real path, refusing `..` components and symlinks that escape the plugin dir.
+
+    Raises ValueError (traversal) or FileNotFoundError. Runs on every call, not only at load.
+    """
+    rel = Path(script)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"hook path {script!r} must be relative and must not contain '..'")
+    root = plugin_dir.resolve()
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root):
+        raise ValueError(f"hook path {script!r} resolves outside the plugin directory")
+    if not target.is_file():
+        raise FileNotFoundError(f"hook script {script!r} not found in {plugin_dir}")
+    return target
+
+
+def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The hook's environment, in DESIGN.md §4 order; later entries win."""
+    parent = os.environ if parent_env is None else parent_env
+    request = call.request if isinstance(call.request, dict) else {}
+    env: dict[str, str] = {
+        "LIBREFANG_AGENT_ID": str(request.get("agent_id") or ""),
+        "LIBREFANG_MESSAGE": _cap_utf8(str(request.get("message") or ""), P.MESSAGE_ENV_CAP_BYTES),
+        "LIBREFANG_RUNTIME": call.runtime.label,
+        "LIBREFANG_PLUGIN_DIR": str(call.plugin_dir),
+    }
+    if call.data_dir is not None:
+        env["LIBREFANG_PLUGIN_DATA_DIR"] = str(call.data_dir)
+    for key in ("PATH", "HOME", "LANG", "LC_ALL", "TZ"):
+        if key in parent:
+            env[key] = parent[key]
+    for key in call.runtime.runtime.passthrough:
+        if key in parent:
+            env[key] = parent[key]
+    if call.max_memory_mb:
+        env["LIBREFANG_MAX_MEMORY_MB"] = str(call.max_memory_mb)
+    env.update(call.extra_env)
+    env.update(call.plugin_env)
+    for key in call.allowed_env_vars:
+        if key in parent:
+            env[key] = parent[key]
+    return env
+
+
+def _cap_utf8(text: str, cap: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= cap:
+        return text
+    return data[:cap].decode("utf-8", errors="ignore")
+
+
+def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
+    """Run the hook once. Never raises for anything the hook does; every failure is classified."""
+    started = time.monotonic()
+
+    def fail(kind: str, message: str, **kw: Any) -> HookResult:
+        return HookResult(False, failure=Failure(kind, message, kw.pop("exit_code", None), kw.pop("signal", None)),
+                          elapsed_ms=(time.monotonic() - started) * 1000, **kw)
+
+    try:
+        script = resolve_script(call.plugin_dir, call.script)
+    except ValueError as exc:
+        return fail(P.PATH_TRAVERSAL, str(exc))
+    except FileNotFoundError as exc:
+        return fail(P.SCRIPT_NOT_FOUND, str(exc))
+    try:
+        argv = build_command(call.runtime, str(script))
+    except LauncherNotFound as exc:
+        return fail(P.LAUNCHER_NOT_FOUND, str(exc))
+    if call.data_dir is not None:
+        call.data_dir.mkdir(parents=True, exist_ok=True)
+    payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(call.plugin_dir),
+            env=build_env(call),
+            start_new_session=True,  # own process group: a timeout kills grandchildren too
+            close_fds=True,
+        )
+    except FileNotFoundError as exc:
+        return fail(P.LAUNCHER_NOT_FOUND, f"cannot execute {argv[0]!r}: {exc.strerror}")
+    except PermissionError as exc:
+        return fail(P.SPAWN_FAILED, f"cannot execute {argv[0]!r}: {exc.strerror} (is the exec bit set?)")
+    except OSError as exc:
+        return fail(P.SPAWN_FAILED, f"cannot start hook: {exc}")
+    _apply_limits(proc.pid, call)
+    return _communicate(proc, payload, call.timeout_secs, started, on_stderr)
+
+
+def _apply_limits(pid: int, call: HookCall) -> None:
+    # prlimit right after spawn: the limit holds for everything the hook allocates and for its children.
+    try:
+        if call.max_memory_mb:
+            limit = call.max_memory_mb * 1024 * 1024
+            resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+        if call.max_cpu_secs:
+            resource.prlimit(pid, resource.RLIMIT_CPU, (call.max_cpu_secs, call.max_cpu_secs + 1))
+    except (OSError, ValueError):
+        pass  # the process may already have exited
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+class _LineSplitter:
+    """Turns stderr chunks into lines for the callback, as they arrive."""
+
+    def __init__(self, callback: StderrCallback | None):
+        self.callback = callback
+        self.partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if self.callback is None:
+            return
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        for line in lines:
+            self._emit(line)
+
+    def flush(self) -> None:
+        if self.partial:
+            self._emit(self.partial)
+            self.partial = b""
+
+    def _emit(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if text.strip() and self.callback is not None:
+            try:
+                self.callback(text)
+            except Exception:  # a broken sink must never break the hook call
+                pass
+
+
+def _communicate(proc: subprocess.Popen, payload: bytes, timeout: float, started: float,
+                 on_stderr: StderrCallback | None) -> HookResult:
+    deadline = started + timeout
+    out = bytearray()
+    err = bytearray()
+    splitter = _LineSplitter(on_stderr)
+    sel = selectors.DefaultSelector()
+    assert proc.stdin and proc.stdout and proc.stderr
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        os.set_blocking(f.fileno(), False)
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    if payload:
+        sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
+    else:
+        proc.stdin.close()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+    except (AttributeError, OSError):
+        pidfd = None
+    written = 0
+    failure: Failure | None = None
+    exited_at: float | None = None
+    open_readers = 2
+    try:
+        while open_readers:
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > GRANDCHILD_GRACE_SECS:
+                _kill_group(proc)  # a grandchild still holds our pipes; the hook itself is done
+                break
+            if now >= deadline:
+                _kill_group(proc)
+                failure = Failure(P.TIMEOUT, f"hook did not finish within {timeout:g}s; its process group was killed")
+                break
+            wait = deadline - now
+            if exited_at is not None:
+                wait = min(wait, GRANDCHILD_GRACE_SECS)
+            elif pidfd is None:
+                wait = min(wait, 0.05)
+            for key, _ in sel.select(wait):
+                tag = key.data
+                if tag == "exit":
+                    sel.unregister(key.fileobj)
+                    exited_at = exited_at or time.monotonic()
+                elif tag == "in":
+                    try:
+                        written += os.write(proc.stdin.fileno(), payload[written:written + READ_CHUNK])
+                    except (BrokenPipeError, OSError) as exc:  # hook ignored or closed stdin: that's fine
+                        if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.EBADF, errno.EAGAIN):
+                            failure = Failure(P.IO_ERROR, f"writing the request failed: {exc}")
+                        written = len(payload)
+                    if written >= len(payload):
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                else:
+                    stream = out if tag == "out" else err
+                    try:
+                        chunk = os.read(key.fileobj.fileno(), READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_readers -= 1
+                        continue
+                    stream += chunk
+                    if tag == "err":
+                        splitter.feed(chunk)
+                    if len(stream) > P.STREAM_CAP_BYTES:
+                        _kill_group(proc)
+                        name = "stdout" if tag == "out" else "stderr"
+                        failure = Failure(P.OUTPUT_OVERFLOW,
+                                          f"hook wrote more than {P.STREAM_CAP_BYTES} bytes on {name}; child killed")
+                        open_readers = 0
+                        break
+            if failure is not None:
+                break
+    finally:
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    splitter.flush()
+    returncode = _reap(proc, deadline)
+    elapsed = (time.monotonic() - started) * 1000
+    stdout = out.decode("utf-8", errors="replace")
+    stderr = err.decode("utf-8", errors="replace")
+    if failure is None and returncode is None:
+        failure = Failure(P.TIMEOUT, f"hook did not exit within {timeout:g}s; its process group was killed")
+    if failure is not None:
+        return HookResult(False, failure=failure, stderr=stderr, stdout=stdout, elapsed_ms=elapsed, returncode=returncode)
+    if returncode != 0:
+        label, code, sig = P.classify_exit(returncode)
+        tail = stderr.strip()[-500:]
+        message = f"{label}" + (f": {tail}" if tail else "")
+        return HookResult(False, failure=Failure(P.SCRIPT_ERROR, message, code, sig), stderr=stderr, stdout=stdout,
+                          elapsed_ms=elapsed, returncode=returncode)
+    try:
+        reply = P.parse_output(stdout)
+    except P.EmptyOutput as exc:
+        return HookResult(False, failure=Failure(P.EMPTY_OUTPUT, str(exc)), stderr=stderr, stdout=stdout,
+                          elapsed_ms=elapsed, returncode=0)
+    return HookResult(True, reply=reply, stderr=stderr, stdout=stdout, elapsed_ms=elapsed, returncode=0)
+
+
+def _reap(proc: subprocess.Popen, deadline: float) -> int | None:
+    try:
+        return proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        return None

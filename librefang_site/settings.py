@@ -1,0 +1,155 @@
+"""Settings, all driven by environment variables so `make run`, tests and CI share one file."""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+LIBREFANG_HOME = Path(os.environ.get("LIBREFANG_HOME", Path.home() / ".librefang")).expanduser()
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    # A per-home secret, created once, so sessions survive restarts without a hard-coded key.
+    _key_file = LIBREFANG_HOME / "secret_key"
+    try:
+        SECRET_KEY = _key_file.read_text().strip()
+    except OSError:
+        import secrets
+
+        SECRET_KEY = secrets.token_urlsafe(50)
+        try:
+            LIBREFANG_HOME.mkdir(parents=True, exist_ok=True)
+            _key_file.write_text(SECRET_KEY)
+            _key_file.chmod(0o600)
+        except OSError:
+            pass
+
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "plugins_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "librefang_site.urls"
+ASGI_APPLICATION = "librefang_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_url(url: str) -> dict:
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme in ("postgres", "postgresql"):
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parsed.path.lstrip("/")),
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+            "CONN_MAX_AGE": 60,
+        }
+    if parsed.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or ":memory:"}
+    raise ValueError(f"unsupported DATABASE_URL scheme: {parsed.scheme!r}")
+
+
+_sqlite_options = {
+    # WAL + a busy timeout: web tier and several workers write the same file.
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+}
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": _database_from_url(os.environ["DATABASE_URL"])}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("LIBREFANG_DB", str(LIBREFANG_HOME / "librefang.sqlite3")),
+        }
+    }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["OPTIONS"] = _sqlite_options
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("LIBREFANG_TEST_DB") or None
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = LIBREFANG_HOME / "staticfiles"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every Redis key and channel-layer group of this installation starts with this prefix, so several
+# installations (and parallel test runs) can share one Redis.
+LIBREFANG_REDIS_PREFIX = os.environ.get("LIBREFANG_REDIS_PREFIX", "librefang")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": f"{LIBREFANG_REDIS_PREFIX}:asgi",
+            "capacity": 2000,
+            "expiry": 30,
+        },
+    }
+}
+
+# Body size limit for API requests (bytes); oversized bodies get 413 with the JSON error envelope.
+LIBREFANG_MAX_BODY_BYTES = int(os.environ.get("LIBREFANG_MAX_BODY_BYTES", str(4 * 1024 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = LIBREFANG_MAX_BODY_BYTES
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LIBREFANG_LOG_LEVEL", "WARNING")},
+    "loggers": {
+        "librefang": {"level": os.environ.get("LIBREFANG_LOG_LEVEL", "INFO")},
+        "plugin_stderr": {"level": os.environ.get("LIBREFANG_STDERR_LOG_LEVEL", "WARNING")},
+        "python_stderr": {"level": os.environ.get("LIBREFANG_STDERR_LOG_LEVEL", "WARNING")},
+    },
+}

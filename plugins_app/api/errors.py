@@ -1,0 +1,73 @@
+"""One JSON error envelope for every failure: {"error": {"code", "message", "details"?}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+def json_response(data: Any, status: int = 200) -> HttpResponse:
+    """A JSON response that is not filtered through the response schema (hook results carry open-ended fields)."""
+    import json
+
+    return HttpResponse(json.dumps(data, ensure_ascii=False, default=str), status=status,
+                        content_type="application/json")
+
+
+def envelope(code: str, message: str, details: Any = None) -> dict:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return {"error": body}
+
+
+def install_handlers(api: NinjaAPI) -> None:
+    def respond(request: HttpRequest, status: int, code: str, message: str, details: Any = None) -> HttpResponse:
+        return api.create_response(request, envelope(code, message, details), status=status)
+
+    @api.exception_handler(ApiError)
+    def _api_error(request, exc: ApiError):
+        return respond(request, exc.status, exc.code, exc.message, exc.details)
+
+    @api.exception_handler(ValidationError)
+    def _validation(request, exc: ValidationError):
+        errors = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+            for e in exc.errors
+        ]
+        if any(e["type"] == "json_invalid" for e in errors):
+            return respond(request, 400, "invalid_json", "The request body is not valid JSON.", errors)
+        return respond(request, 400, "validation_error", "The request does not match the expected shape.", errors)
+
+    @api.exception_handler(AuthenticationError)
+    def _unauth(request, exc):
+        return respond(request, 401, "unauthorized", "A valid bearer token is required (Authorization: Bearer …).")
+
+    @api.exception_handler(HttpError)
+    def _http(request, exc: HttpError):
+        return respond(request, exc.status_code, _code_for(exc.status_code), str(exc))
+
+    @api.exception_handler(Exception)
+    def _unexpected(request, exc: Exception):
+        import logging
+
+        logging.getLogger("librefang.api").exception("unhandled API error")
+        return respond(request, 500, "internal_error", "Unexpected server error; see the service log.")
+
+
+def _code_for(status: int) -> str:
+    return {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+            409: "conflict", 413: "payload_too_large", 422: "unprocessable", 429: "too_many_requests"}.get(
+        status, "error")

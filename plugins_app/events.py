@@ -1,0 +1,187 @@
+"""Live events: the only module that talks to the Channels layer.
+
+stderr lines get a global sequence number and are kept in a capped tail in Redis, so a browser that (re)connects
+first renders the recent past, then live lines, without losing or repeating any. Publishing runs on one background
+thread per process that batches lines, so a chatty hook never waits on Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import queue
+import re
+import threading
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from plugins_app import bus
+
+log = logging.getLogger("librefang.events")
+TAIL_LEN = 500  # lines kept per plugin (and for "all") for reconnecting browsers
+ALL = "_all"
+BATCH_MAX = 200
+QUEUE_MAX = 50_000  # beyond this, lines are dropped and counted (never silently)
+_GROUP_OK = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+
+
+def _name_part(plugin: str) -> str:
+    # Channels group names: ASCII alphanumerics, '-', '_', '.', under 100 chars.
+    return plugin if _GROUP_OK.match(plugin) else "h" + hashlib.sha1(plugin.encode()).hexdigest()[:20]
+
+
+def stderr_group(plugin: str | None) -> str:
+    return f"stderr.{_name_part(plugin) if plugin else ALL}"
+
+
+METRICS_GROUP = "metrics"
+PLUGINS_GROUP = "plugins"
+
+
+def _tail_key(plugin: str) -> str:
+    return bus._key("stderr", "tail", _name_part(plugin))
+
+
+def _seq_key() -> str:
+    return bus._key("stderr", "seq")
+
+
+def _dropped_key() -> str:
+    return bus._key("stderr", "dropped")
+
+
+def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[dict]:
+    """Recent lines (oldest first) with seq > after_seq."""
+    raw = bus.client().lrange(_tail_key(plugin or ALL), -limit, -1)
+    lines = [json.loads(x) for x in raw]
+    return [x for x in lines if x["seq"] > after_seq]
+
+
+def clear_tail(plugin: str) -> None:
+    bus.client().delete(_tail_key(plugin))
+
+
+def dropped_count() -> int:
+    return int(bus.client().get(_dropped_key()) or 0)
+
+
+class StderrPublisher:
+    """Implements engine.ports.StderrSink: queue the line and return at once."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[dict] = queue.Queue(maxsize=QUEUE_MAX)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._dropped = 0
+
+    def line(self, plugin: str, hook: str, line: str, trace_id: str) -> None:
+        self._ensure_thread()
+        item = {"plugin": plugin, "hook": hook, "line": line[:8192], "ts": time.time(), "trace_id": trace_id}
+        try:
+            self._q.put_nowait(item)
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until everything queued so far is published (tests, shutdown)."""
+        end = time.monotonic() + timeout
+        while (self._q.unfinished_tasks) and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="stderr-publisher", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.run(self._loop())
+
+    async def _loop(self) -> None:
+        layer = get_channel_layer()
+        r = bus.client()
+        while True:
+            first = await asyncio.to_thread(self._q.get)
+            batch = [first]
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                await self._publish(layer, r, batch)
+            except Exception:  # Redis hiccup: count the lines as dropped, keep serving
+                log.exception("publishing %d stderr lines failed", len(batch))
+                r_dropped = len(batch)
+                try:
+                    r.incrby(_dropped_key(), r_dropped)
+                except Exception:
+                    pass
+            finally:
+                for _ in batch:
+                    self._q.task_done()
+
+    async def _publish(self, layer: Any, r: Any, batch: list[dict]) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        last = r.incrby(_seq_key(), len(batch))
+        first_seq = last - len(batch) + 1
+        pipe = r.pipeline()
+        by_plugin: dict[str, list[dict]] = {}
+        for i, item in enumerate(batch):
+            item["seq"] = first_seq + i
+            encoded = json.dumps(item)
+            by_plugin.setdefault(item["plugin"], []).append(item)
+            pipe.rpush(_tail_key(item["plugin"]), encoded)
+            pipe.rpush(_tail_key(ALL), encoded)
+        for plugin in [*by_plugin, ALL]:
+            pipe.ltrim(_tail_key(plugin), -TAIL_LEN, -1)
+        if dropped:
+            pipe.incrby(_dropped_key(), dropped)
+        pipe.execute()
+        for plugin, lines in by_plugin.items():
+            await layer.group_send(stderr_group(plugin), {"type": "stderr.lines", "lines": lines})
+        await layer.group_send(stderr_group(None), {"type": "stderr.lines", "lines": batch})
+
+
+_publisher: StderrPublisher | None = None
+
+
+def publisher() -> StderrPublisher:
+    global _publisher
+    if _publisher is None:
+        _publisher = StderrPublisher()
+    return _publisher
+
+
+def metrics_changed(changes: list[dict]) -> None:
+    """Tell dashboards which plugin/hook metrics moved (they re-render from the database)."""
+    if changes:
+        _send_sync(METRICS_GROUP, {"type": "metrics.changed", "changes": changes})
+
+
+def plugin_changed(name: str, what: str) -> None:
+    _send_sync(PLUGINS_GROUP, {"type": "plugin.changed", "plugin": name, "what": what})
+
+
+def _send_sync(group: str, message: dict) -> None:
+    try:
+        async_to_sync(get_channel_layer().group_send)(group, message)
+    except Exception:
+        log.warning("could not publish %s event", message.get("type"), exc_info=True)
+
+
+async def send(group: str, message: dict) -> None:
+    await get_channel_layer().group_send(group, message)
+
+
+def channel_layer_prefix() -> str:
+    return settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "")

@@ -1,0 +1,144 @@
+"""Durable state: tokens, audit, per-plugin metrics, traces, the built-in memory store and job outcomes."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner (runs or changes plugin code)"
+    ADMIN = "admin", "Admin (enable/disable/uninstall/config)"
+    VIEWER = "viewer", "Viewer (read only)"
+    AGENT = "agent", "Agent (context-engine hook calls)"
+
+
+class ApiToken(models.Model):
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=10, choices=Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True)  # sha256 hex; the token itself is never stored
+    prefix = models.CharField(max_length=12)  # shown in lists so operators can tell tokens apart
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.role})"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+class AuditEntry(models.Model):
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)  # "user:<name>" or "token:<name>" or "cli"
+    action = models.CharField(max_length=50)
+    target = models.CharField(max_length=200, blank=True)
+    ok = models.BooleanField(default=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+
+class HookMetric(models.Model):
+    """Totals per plugin and hook since the last reset (the docs' shape plus extras)."""
+
+    plugin = models.CharField(max_length=128)
+    hook = models.CharField(max_length=32)
+    calls = models.BigIntegerField(default=0)
+    successes = models.BigIntegerField(default=0)
+    failures = models.BigIntegerField(default=0)
+    latency_ms_total = models.FloatField(default=0)  # failed calls' latency included (LibreFang records 0)
+    histogram = models.JSONField(default=dict)  # latency bucket upper bound (ms) -> count, for percentiles
+    last_error = models.TextField(blank=True)
+    last_error_kind = models.CharField(max_length=40, blank=True)
+    last_called_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["plugin", "hook"], name="uniq_metric_plugin_hook")]
+        ordering = ["plugin", "hook"]
+
+
+class HookMetricBucket(models.Model):
+    """Per-minute counts for 'last hour' figures and latency charts."""
+
+    plugin = models.CharField(max_length=128)
+    hook = models.CharField(max_length=32)
+    minute = models.DateTimeField()
+    calls = models.IntegerField(default=0)
+    failures = models.IntegerField(default=0)
+    latency_ms_total = models.FloatField(default=0)
+    histogram = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["plugin", "hook", "minute"], name="uniq_bucket")]
+        indexes = [models.Index(fields=["minute"])]
+
+
+class HookTrace(models.Model):
+    trace_id = models.CharField(max_length=16, unique=True)
+    job_id = models.CharField(max_length=64, blank=True, db_index=True)
+    plugin = models.CharField(max_length=128)
+    hook = models.CharField(max_length=32)
+    agent_id = models.CharField(max_length=200, blank=True, db_index=True)
+    started_at = models.DateTimeField(db_index=True)
+    elapsed_ms = models.FloatField()
+    ok = models.BooleanField()
+    error_kind = models.CharField(max_length=40, blank=True)
+    error = models.TextField(blank=True)
+    input_preview = models.TextField(blank=True)
+    output_preview = models.TextField(blank=True)
+    stderr_tail = models.TextField(blank=True)
+    annotations = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["plugin", "hook"])]
+
+
+class Memory(models.Model):
+    """The default engine's memory store, scoped by agent and peer."""
+
+    agent_id = models.CharField(max_length=200, db_index=True)
+    peer_id = models.CharField(max_length=200, blank=True, db_index=True)
+    content = models.TextField()
+    scope = models.CharField(max_length=200, default="hook")
+    tags = models.JSONField(default=list, blank=True)
+    source = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class JobRecord(models.Model):
+    """The stored outcome of a bus job; the worker XACKs only after this row is written."""
+
+    class State(models.TextChoices):
+        DONE = "done"
+        EXPIRED = "expired"  # deadline passed before a worker picked it up
+        FAILED = "failed"
+
+    job_id = models.CharField(max_length=64, unique=True)
+    hook = models.CharField(max_length=32)
+    state = models.CharField(max_length=10, choices=State.choices)
+    source = models.CharField(max_length=300, blank=True)
+    fallback_reason = models.TextField(blank=True)
+    deliveries = models.IntegerField(default=1)
+    worker = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(auto_now=True)
+
+
+class IdempotentResponse(models.Model):
+    key = models.CharField(max_length=200, unique=True)
+    body_sha256 = models.CharField(max_length=64)
+    status = models.IntegerField()
+    response = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)

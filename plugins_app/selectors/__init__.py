@@ -1,0 +1,1 @@
+"""Reads: query functions that shape data for the API and the dashboard."""

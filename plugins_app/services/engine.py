@@ -1,0 +1,76 @@
+"""Wiring the pure-Python engine to Django: database memory, recorded invocations, live stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import urllib.request
+
+from django.conf import settings
+
+from engine.config import LlmConfig
+from engine.home import Home
+from engine.stack import ContextEngine, EngineDeps
+from plugins_app import events
+from plugins_app.services.memory import DbMemoryStore
+from plugins_app.services.recording import DbInvocationSink
+
+log = logging.getLogger("librefang.engine")
+
+
+class OpenAICompatibleSummarizer:
+    """POST {base_url}/chat/completions; used by the default compaction when [llm] is configured."""
+
+    SYSTEM = ("You summarise earlier conversation turns for an AI agent. Keep facts, decisions, open tasks and "
+              "names; drop chit-chat. Answer with the summary only.")
+
+    def __init__(self, cfg: LlmConfig, api_key: str | None):
+        self.cfg = cfg
+        self.api_key = api_key
+
+    def summarize(self, text: str, max_tokens: int, prompt: str | None = None) -> str:
+        body = {
+            "model": self.cfg.model,
+            "temperature": 0.3,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "system", "content": prompt or self.SYSTEM}, {"role": "user", "content": text}],
+        }
+        req = urllib.request.Request(
+            self.cfg.base_url.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json",
+                     **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})},
+        )
+        with urllib.request.urlopen(req, timeout=self.cfg.timeout_secs) as resp:  # noqa: S310 (operator's URL)
+            data = json.loads(resp.read())
+        return str(data["choices"][0]["message"]["content"] or "")
+
+
+def summarizer_for(cfg: LlmConfig):
+    import os
+
+    if not (cfg.base_url and cfg.model):
+        return None
+    return OpenAICompatibleSummarizer(cfg, os.environ.get(cfg.api_key_env or "") or None)
+
+
+def home() -> Home:
+    return Home(settings.LIBREFANG_HOME)
+
+
+@functools.lru_cache(maxsize=1)
+def invocation_sink() -> DbInvocationSink:
+    return DbInvocationSink()
+
+
+@functools.lru_cache(maxsize=1)
+def get_engine() -> ContextEngine:
+    """One engine per process: its catalog and config caches re-read files only when they change."""
+    deps = EngineDeps(home=home(), memory=DbMemoryStore(), invocations=invocation_sink(),
+                      stderr=events.publisher(), summarizer_for=summarizer_for)
+    return ContextEngine(deps)
+
+
+def reset_engine() -> None:
+    """Forget cached engine state (tests that switch LIBREFANG_HOME)."""
+    get_engine.cache_clear()

@@ -1,0 +1,64 @@
+"""What a worker does with one job from the bus. Kept as plain functions so tests can call them directly."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import IntegrityError, close_old_connections
+
+from plugins_app.bus import Job, JobStream
+from plugins_app.models import JobRecord
+from plugins_app.services.engine import get_engine
+
+log = logging.getLogger("librefang.worker")
+
+
+def process(job: Job, stream: JobStream) -> str:
+    """Run a job, reply if asked, store its outcome, then XACK. Returns the outcome state."""
+    close_old_connections()
+    if JobRecord.objects.filter(job_id=job.id).exists():
+        # Delivered again after a crash between storing the outcome and XACK: the work is already done.
+        stream.ack(job)
+        return "duplicate"
+    if job.expired:
+        _store(job, JobRecord.State.EXPIRED, "", "deadline passed before a worker picked the job up", stream)
+        stream.ack(job)
+        return JobRecord.State.EXPIRED
+    engine = get_engine()
+    try:
+        if job.kind == "test_hook":
+            attempt = engine.test_hook(job.plugin, job.hook, job.request or {})
+            payload = {**attempt.result.to_dict(), "trace_id": attempt.trace_id, "plugin": attempt.plugin,
+                       "hook": attempt.hook}
+            source, reason = job.plugin, (str(attempt.failure) if attempt.failure else "")
+        else:
+            reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
+            payload = reply.to_dict()
+            source, reason = reply.source, reply.fallback_reason or ""
+    except Exception as exc:  # an engine bug must not kill the worker or lose the job's answer
+        log.exception("job %s (%s) failed", job.id, job.hook)
+        if job.wants_reply:
+            stream.reply(job, {"_engine_error": f"{type(exc).__name__}: {exc}"})
+        _store(job, JobRecord.State.FAILED, "", f"{type(exc).__name__}: {exc}", stream)
+        stream.ack(job)
+        return JobRecord.State.FAILED
+    if job.wants_reply:
+        stream.reply(job, payload)
+    _store(job, JobRecord.State.DONE, source, reason, stream)
+    stream.ack(job)
+    return JobRecord.State.DONE
+
+
+def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) -> None:
+    for attempt in range(5):
+        try:
+            JobRecord.objects.create(job_id=job.id, hook=job.hook, state=state, source=source[:300],
+                                     fallback_reason=reason, deliveries=job.deliveries, worker=stream.consumer)
+            return
+        except IntegrityError:
+            return
+        except Exception:
+            if attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))

@@ -1,0 +1,147 @@
+"""Metrics and traces: the Django implementation of engine.ports.InvocationSink.
+
+Records are queued and written by one background thread in batches, so a hook's reply never waits on the
+database; dashboards are told which metrics moved.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+
+from django.db import close_old_connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from engine.ports import Invocation
+from plugins_app import events
+from plugins_app.models import HookMetric, HookMetricBucket, HookTrace
+
+log = logging.getLogger("librefang.recording")
+# Latency histogram bucket upper bounds (ms); the last bucket catches everything above.
+BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
+              20000, 30000, 60000, 120000, 10**9)
+MAX_TRACES = 10_000
+PRUNE_EVERY = 256
+
+
+def bucket_for(ms: float) -> str:
+    return str(BUCKETS_MS[min(bisect.bisect_left(BUCKETS_MS, ms), len(BUCKETS_MS) - 1)])
+
+
+def record_now(items: list[Invocation]) -> None:
+    """Write a batch of invocations: traces, totals, per-minute buckets."""
+    now = timezone.now()
+    with transaction.atomic():
+        HookTrace.objects.bulk_create([
+            HookTrace(
+                trace_id=i.trace_id, job_id=i.job_id or "", plugin=i.plugin, hook=i.hook, agent_id=i.agent_id[:200],
+                started_at=dt.datetime.fromtimestamp(i.started_at, dt.UTC), elapsed_ms=i.elapsed_ms, ok=i.ok,
+                error_kind=i.error_kind or "", error=(i.error or "")[:4000], input_preview=i.input_preview,
+                output_preview=i.output_preview, stderr_tail=i.stderr_tail, annotations=i.annotations,
+            )
+            for i in items
+        ], ignore_conflicts=True)
+        for i in items:
+            _bump_total(i, now)
+            _bump_bucket(i)
+
+
+def _bump_total(i: Invocation, now: dt.datetime) -> None:
+    metric, _ = HookMetric.objects.get_or_create(plugin=i.plugin, hook=i.hook)
+    hist = dict(metric.histogram)
+    b = bucket_for(i.elapsed_ms)
+    hist[b] = hist.get(b, 0) + 1
+    updates = dict(
+        calls=F("calls") + 1,
+        successes=F("successes") + (1 if i.ok else 0),
+        failures=F("failures") + (0 if i.ok else 1),
+        latency_ms_total=F("latency_ms_total") + i.elapsed_ms,
+        histogram=hist,
+        last_called_at=now,
+    )
+    if not i.ok:
+        updates.update(last_error=(i.error or "")[:2000], last_error_kind=i.error_kind or "")
+    HookMetric.objects.filter(pk=metric.pk).update(**updates)
+
+
+def _bump_bucket(i: Invocation) -> None:
+    minute = dt.datetime.fromtimestamp(i.started_at - i.started_at % 60, dt.UTC)
+    bucket, _ = HookMetricBucket.objects.get_or_create(plugin=i.plugin, hook=i.hook, minute=minute)
+    hist = dict(bucket.histogram)
+    b = bucket_for(i.elapsed_ms)
+    hist[b] = hist.get(b, 0) + 1
+    HookMetricBucket.objects.filter(pk=bucket.pk).update(
+        calls=F("calls") + 1, failures=F("failures") + (0 if i.ok else 1),
+        latency_ms_total=F("latency_ms_total") + i.elapsed_ms, histogram=hist,
+    )
+
+
+def prune_traces(keep: int = MAX_TRACES) -> None:
+    cutoff = HookTrace.objects.order_by("-started_at").values_list("started_at", flat=True)[keep:keep + 1]
+    if cutoff:
+        HookTrace.objects.filter(started_at__lte=cutoff[0]).delete()
+    old = timezone.now() - dt.timedelta(days=7)
+    HookMetricBucket.objects.filter(minute__lt=old).delete()
+
+
+class DbInvocationSink:
+    """Queue + writer thread. `flush()` waits for everything queued so far (tests, shutdown)."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[Invocation] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._written = 0
+
+    def record(self, invocation: Invocation) -> None:
+        self._ensure_thread()
+        self._q.put(invocation)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        end = time.monotonic() + timeout
+        while self._q.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="invocation-writer", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._q.get()]
+            while len(batch) < 500:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                close_old_connections()
+                self._write(batch)
+            except Exception:
+                log.exception("recording %d invocations failed", len(batch))
+            finally:
+                for _ in batch:
+                    self._q.task_done()
+
+    def _write(self, batch: list[Invocation]) -> None:
+        for attempt in range(5):
+            try:
+                record_now(batch)
+                break
+            except Exception:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        before = self._written
+        self._written += len(batch)
+        if self._written // PRUNE_EVERY != before // PRUNE_EVERY:
+            prune_traces()
+        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})])
