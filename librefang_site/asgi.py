@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP goes to Django, websockets to the Channels router (session auth)."""
+"""ASGI entry point: HTTP goes to Django (static files included), websockets to the Channels router."""
 
 import os
 
@@ -10,14 +10,24 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.security.websocket import OriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from plugins_app.routing import websocket_urlpatterns  # noqa: E402
 
+
+class BrowserOriginValidator(OriginValidator):
+    """Browsers always send Origin, so a cross-site page is refused; non-browser clients (no Origin) are let
+    through to the consumer, which still requires a session or an API token."""
+
+    def valid_origin(self, parsed_origin):
+        return parsed_origin is None or super().valid_origin(parsed_origin)
+
+
 application = ProtocolTypeRouter(
     {
-        # Static files are served by Django itself (vendored htmx, CSS): no CDN and no extra server to run.
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+                                            settings.ALLOWED_HOSTS),
     }
 )

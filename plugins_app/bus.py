@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 from django.conf import settings
 
 GROUP = "engine"
-HEARTBEAT_TTL_SECS = 10
+HEARTBEAT_TTL_SECS = 6
 REPLY_TTL_SECS = 120
 # A pending job idle this long is claimed even if its worker still heartbeats (it is stuck on it).
 STUCK_JOB_MS = 15 * 60 * 1000

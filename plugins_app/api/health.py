@@ -7,6 +7,7 @@ from django.db import connection
 from ninja import Router
 
 from plugins_app import bus
+from plugins_app.api.errors import json_response
 from plugins_app.schemas import HealthOut
 
 router = Router(tags=["health"])
@@ -30,4 +31,4 @@ async def health(request):
     healthy = redis_ok and db_ok and bool(workers)
     body = {"status": "ok" if healthy else "degraded", "web": True, "redis": redis_ok, "database": db_ok,
             "workers": workers, "queue": queue}
-    return (200 if redis_ok and db_ok else 503), body
+    return json_response(body, 200 if redis_ok and db_ok else 503)
