@@ -88,9 +88,11 @@ class Catalog:
 
 
 def _integrity_problems(plugin: LoadedPlugin) -> list[Finding]:
-    # [integrity] is enforced every time the engine uses the plugin, not only when plugin.toml changes.
-    if not plugin.manifest.integrity:
-        return []
-    from engine.manifest import verify_integrity
+    # [integrity] and plugin_depends are enforced every time the engine uses the plugin, not only when plugin.toml
+    # changes (a hook edited or a dependency uninstalled after load stops the plugin at once).
+    from engine.manifest import directory_findings, verify_integrity
 
-    return verify_integrity(plugin.dir, plugin.manifest)
+    problems = [f for f in directory_findings(plugin.dir, plugin.manifest) if f.severity == F.ERROR]
+    if plugin.manifest.integrity:
+        problems += verify_integrity(plugin.dir, plugin.manifest)
+    return problems

@@ -6,15 +6,17 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine import protocol as P
 from engine.catalog import CatalogEntry
 from engine.home import Home
+from engine.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.protocol import Failure
-from engine.runner import HookCall, HookResult, run_hook
+from engine.runner import HookCall, HookResult, StderrCallback, run_hook
 
 PREVIEW_BYTES = 2048
 STDERR_TAIL_BYTES = 4096
@@ -29,8 +31,8 @@ def expand_env(env: dict[str, str], parent: dict[str, str] | None = None) -> tup
     parent = os.environ if parent is None else parent
     out, warnings = {}, []
     for key, value in env.items():
-        if value.startswith("${") and value.endswith("}") and value.count("${") == 1:
-            var = value[2:-1]
+        var = env_reference(value)
+        if var is not None:
             if var not in parent:
                 warnings.append(f"[env] {key} = ${{{var}}}: {var} is not set in the service environment; passing ''")
             out[key] = parent.get(var, "")
@@ -48,11 +50,26 @@ def preview(value: Any, limit: int = PREVIEW_BYTES) -> str:
 
 
 @dataclass
+class Overrides:
+    """What a plugin's bootstrap reply changed for its later calls (per worker process, like LibreFang)."""
+
+    env: dict[str, str] = field(default_factory=dict)  # env_overrides; static [env] keys win
+    ingest_filter: str | None = None
+    allow_network: bool | None = None
+
+
+# (failure message or None, warnings for the trace): lets the caller judge a reply before it is recorded.
+Judge = Callable[[Any], tuple[str | None, list[str]]]
+
+
+@dataclass
 class Attempt:
     plugin: str
     hook: str
     result: HookResult
     trace_id: str
+    warnings: list[str] = field(default_factory=list)
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
@@ -68,7 +85,8 @@ class Attempt:
 
 
 def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, timeout: float | None = None,
-                  allowed_env_vars: tuple[str, ...] = ()) -> HookCall | Failure:
+                  allowed_env_vars: tuple[str, ...] = (), overrides: Overrides | None = None,
+                  warnings: list[str] | None = None) -> HookCall | Failure:
     plugin = entry.plugin
     if plugin is None:
         problems = "; ".join(f.message for f in entry.problems) or "plugin cannot be loaded"
@@ -78,7 +96,14 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
     script = settings.script_for(hook)
     if not script:
         return Failure(P.HOOK_NOT_DECLARED, f"plugin {entry.name!r} does not declare the {hook} hook")
-    env, _warnings = expand_env(plugin.manifest.env)
+    env, env_warnings = expand_env(plugin.manifest.env)
+    if warnings is not None:
+        warnings.extend(env_warnings)
+    if overrides is not None and overrides.env:
+        env = {**{str(k): str(v) for k, v in overrides.env.items()}, **env}
+    allow_network = settings.allow_network
+    if overrides is not None and overrides.allow_network is not None:
+        allow_network = overrides.allow_network
     if timeout is None:
         timeout = settings.hook_timeout_secs * (2 if hook == "bootstrap" else 1)
     extra_env = {}
@@ -97,7 +122,32 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         max_memory_mb=settings.max_memory_mb,
         max_cpu_secs=settings.max_cpu_secs,
         extra_env=extra_env,
+        allow_network=allow_network,
+        allow_filesystem=settings.allow_filesystem,
+        venv_dir=venv_dir(home, entry.name),
     )
+
+
+def venv_dir(home: Home, name: str):
+    """The plugin's own virtualenv (made by engine.requirements), if it has one."""
+    path = home.data_dir(name) / "venv"
+    return path if (path / "bin" / "python").exists() else None
+
+
+def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
+    """Run one attempt of a hook call with its runtime."""
+    # ---- in-process runtimes (runtime.in_process, i.e. `wasm`) -------------------------------------------------
+    # Dispatch point for the WASM runtime: engine/wasm.py provides run_wasm_hook(call, on_stderr) -> HookResult.
+    # Until it exists, such a hook fails with a classified launcher_not_found (never a crash).
+    if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
+        try:
+            from engine.wasm import run_wasm_hook  # type: ignore[attr-defined]
+        except ImportError:
+            return HookResult(False, failure=Failure(
+                P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} is not available in this build"))
+        return run_wasm_hook(call, on_stderr)
+    # ---- end of the in-process dispatch point ---------------------------------------------------------------
+    return run_hook(call, on_stderr)
 
 
 def write_config_file(plugin: Any, home: Home):
@@ -117,36 +167,65 @@ def write_config_file(plugin: Any, home: Home):
     return path
 
 
+# Failures a retry cannot fix.
+PERMANENT_FAILURES = frozenset({P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND, P.LAUNCHER_NOT_FOUND, P.INVALID_INPUT,
+                                P.MANIFEST_INVALID, P.INTEGRITY_FAILED, P.HOOK_NOT_DECLARED, P.INVALID_OUTPUT})
+
+
+def retry_delay_ms(base_ms: int, attempt: int, cap_ms: int = 30_000) -> float:
+    """Delay before retry number `attempt` (1-based): base, 2x base, 4x base ... capped (exponential backoff)."""
+    return min(base_ms * (2 ** (attempt - 1)), cap_ms)
+
+
 def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocations: InvocationSink,
            stderr: StderrSink, agent_id: str = "", job_id: str | None = None, timeout: float | None = None,
-           allowed_env_vars: tuple[str, ...] = (), retries: int | None = None) -> Attempt:
-    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per attempt."""
+           allowed_env_vars: tuple[str, ...] = (), retries: int | None = None, overrides: Overrides | None = None,
+           judge: Judge | None = None, sleep: Callable[[float], None] = time.sleep) -> Attempt:
+    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per attempt.
+
+    `judge` inspects a successful reply before it is recorded: it can turn it into a failure (e.g. assemble with no
+    usable messages, as LibreFang counts it) and attach warnings (e.g. pinned messages restored) to the trace.
+    """
     trace_id = new_trace_id()
-    call = hook_call_for(entry, hook, request, home, timeout, allowed_env_vars)
+    warnings: list[str] = []
+    call = hook_call_for(entry, hook, request, home, timeout, allowed_env_vars, overrides, warnings)
     started_wall = time.time()
     if isinstance(call, Failure):
         result = HookResult(False, failure=call)
-        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id)
-        return Attempt(entry.name, hook, result, trace_id)
+        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id, warnings)
+        return Attempt(entry.name, hook, result, trace_id, warnings)
     settings = entry.plugin.manifest.hooks  # type: ignore[union-attr]
     attempts = 1 + (settings.max_retries if retries is None else retries)
     result = HookResult(False)
+    attempt_warnings: list[str] = list(warnings)
     for n in range(attempts):
         if n:
-            time.sleep(min(settings.retry_delay_ms * (2 ** (n - 1)), 30_000) / 1000)
+            sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)
             trace_id = new_trace_id()
             started_wall = time.time()
         tid = trace_id
-        result = run_hook(call, on_stderr=lambda line, tid=tid: stderr.line(entry.name, hook, line, tid))
-        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id)
-        if result.ok or (result.failure and result.failure.kind in (P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND,
-                                                                    P.LAUNCHER_NOT_FOUND)):
+        result = execute(call, on_stderr=lambda line, tid=tid: stderr.line(entry.name, hook, line, tid))
+        attempt_warnings = list(warnings)
+        if result.ok and judge is not None:
+            problem, extra = judge(result.reply)
+            attempt_warnings += extra
+            if problem:
+                result.ok = False
+                result.failure = Failure(P.INVALID_OUTPUT, problem)
+        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id,
+                attempt_warnings)
+        if result.ok or (result.failure and result.failure.kind in PERMANENT_FAILURES):
             break
-    return Attempt(entry.name, hook, result, trace_id)
+    return Attempt(entry.name, hook, result, trace_id, attempt_warnings)
 
 
 def _record(sink: InvocationSink, trace_id: str, plugin: str, hook: str, agent_id: str, started: float,
-            result: HookResult, request: Any, job_id: str | None) -> None:
+            result: HookResult, request: Any, job_id: str | None, warnings: list[str] | None = None) -> None:
+    annotations: dict[str, Any] = {}
+    if result.ok and isinstance(result.reply, dict) and result.reply.get("annotations") is not None:
+        annotations["plugin"] = result.reply["annotations"]  # after_turn replies may carry annotations
+    if warnings:
+        annotations["warnings"] = list(warnings)
     try:
         sink.record(Invocation(
             trace_id=trace_id, plugin=plugin, hook=hook, agent_id=agent_id, started_at=started,
@@ -154,7 +233,7 @@ def _record(sink: InvocationSink, trace_id: str, plugin: str, hook: str, agent_i
             error_kind=result.failure.kind if result.failure else None,
             error=result.failure.message if result.failure else None,
             input_preview=preview(request), output_preview=preview(result.reply) if result.ok else preview(result.stdout),
-            stderr_tail=result.stderr[-STDERR_TAIL_BYTES:], job_id=job_id,
+            stderr_tail=result.stderr[-STDERR_TAIL_BYTES:], job_id=job_id, annotations=annotations or None,
         ))
     except Exception:  # recording must never break a call
         pass

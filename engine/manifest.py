@@ -23,6 +23,10 @@ from engine.runtimes import ResolvedRuntime, resolve_tag
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 DEFAULT_TIMEOUT_SECS = 30.0
+# The LibreFang release whose plugin protocol this engine implements; `librefang_min_version` is compared to it.
+COMPAT_VERSION = "2026.8.23"
+HOOK_PROTOCOL_VERSION = 1
+KNOWN_NEEDS = frozenset({"network", "filesystem", "env", "subprocess", "gpu"})
 
 
 class CircuitBreaker(BaseModel):
@@ -64,7 +68,7 @@ class HookSettings(BaseModel):
     warm_start: bool = True
     after_turn_queue_depth: int = 16
     after_turn_max_chars: int = Field(500, ge=0)
-    allow_network: bool = True
+    allow_network: bool = False  # LibreFang's secure default (#5862); enforced with a network namespace
     allow_filesystem: bool = True
     max_memory_mb: int | None = Field(None, gt=0)
     max_cpu_secs: int | None = Field(None, gt=0)
@@ -222,9 +226,109 @@ def parse_manifest_text(text: str, expected_name: str | None = None) -> tuple[Ma
     resolved = manifest.runtime
     if resolved.warning:
         found.append(F.warning("manifest.runtime_unknown", resolved.warning, "Use one of the listed runtime tags."))
+    found += semantic_findings(manifest)
     if F.has_errors(found):
         raise ManifestError(found)
     return manifest, found
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """LibreFang's loose compare: the numeric dot parts before any '-' suffix."""
+    core = text.strip().lstrip("vV").split("-")[0].split("+")[0]
+    parts = []
+    for piece in core.split("."):
+        if not piece.isdigit():
+            return None
+        parts.append(int(piece))
+    return tuple(parts) if parts else None
+
+
+def semantic_findings(manifest: Manifest) -> list[Finding]:
+    """Checks that need only the parsed manifest (no filesystem)."""
+    out: list[Finding] = []
+    if manifest.librefang_min_version:
+        need = version_tuple(manifest.librefang_min_version)
+        have = version_tuple(COMPAT_VERSION)
+        if need is None:
+            out.append(F.error("manifest.min_version_invalid",
+                               f"librefang_min_version {manifest.librefang_min_version!r} is not a version",
+                               "Write it as MAJOR.MINOR.PATCH, e.g. \"2026.4.0\"."))
+        elif have is not None and need > have:
+            out.append(F.error("manifest.min_version_unmet",
+                               f"plugin needs LibreFang >= {manifest.librefang_min_version}; this engine implements "
+                               f"{COMPAT_VERSION}", "Upgrade the service, or use an older release of the plugin."))
+    if manifest.hooks.hook_protocol_version > HOOK_PROTOCOL_VERSION:
+        out.append(F.warning("manifest.protocol_newer",
+                             f"hook_protocol_version {manifest.hooks.hook_protocol_version} is newer than "
+                             f"{HOOK_PROTOCOL_VERSION}; the plugin may expect fields this engine does not send",
+                             "Check the plugin's documentation for the protocol version it needs."))
+    if manifest.hooks.ingest_regex:
+        try:
+            re.compile(manifest.hooks.ingest_regex)
+        except re.error as exc:
+            out.append(F.warning("manifest.ingest_regex_invalid",
+                                 f"ingest_regex {manifest.hooks.ingest_regex!r} is invalid ({exc}); it is ignored",
+                                 "Fix the regular expression (Python `re` syntax)."))
+    for need in manifest.needs:
+        base = re.split(r"[<>=]", need, maxsplit=1)[0].strip()
+        if base not in KNOWN_NEEDS and not NAME_RE.match(base):
+            out.append(F.warning("manifest.needs_unknown", f"`needs` entry {need!r} is neither a capability nor a "
+                                 "plugin name", f"Capabilities are: {', '.join(sorted(KNOWN_NEEDS))}."))
+    for key, value in manifest.env.items():
+        var = env_reference(value)
+        if var is not None and var not in os.environ:
+            out.append(F.warning("manifest.env_unset",
+                                 f"[env] {key} = ${{{var}}}: {var} is not set in the service environment; the hook "
+                                 "gets an empty string", f"Set {var} in the service's environment and restart it."))
+    for key in manifest.hooks.env_schema:
+        if key.startswith("!") and key[1:] not in manifest.env and key[1:] not in os.environ:
+            out.append(F.warning("manifest.env_required_missing",
+                                 f"env_schema marks {key[1:]} as required but it is neither in [env] nor set",
+                                 f"Add {key[1:]} to [env] or to the service environment."))
+    for field_name, cfg in manifest.config.items():
+        if cfg.default is not None and not _config_type_ok(cfg.type, cfg.default):
+            out.append(F.warning("manifest.config_default_type",
+                                 f"[config] {field_name}: default {cfg.default!r} is not a {cfg.type}",
+                                 "Make the default match the declared type."))
+    return out
+
+
+def env_reference(value: str) -> str | None:
+    """`${VAR}` when the whole value is exactly one reference (LibreFang's only expansion form), else None."""
+    m = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value)
+    return m.group(1) if m else None
+
+
+def _config_type_ok(kind: str, value: Any) -> bool:
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def directory_findings(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
+    """Load-time checks against the directory: hook paths stay inside it, dependencies are installed.
+
+    (Missing hook files, exec bits, required binaries and metadata are lint's findings: engine/lint.py.)
+    """
+    out: list[Finding] = []
+    root = plugin_dir.resolve()
+    for hook, script in manifest.hooks.declared_hooks().items():
+        rel = Path(script)
+        if rel.is_absolute() or ".." in rel.parts:
+            out.append(F.error("manifest.hook_path_traversal", f"[hooks] {hook} = {script!r} leaves the plugin "
+                               "directory", "Hook paths are relative to the plugin directory, without '..'."))
+            continue
+        target = (root / rel).resolve()
+        if not target.is_relative_to(root):
+            out.append(F.error("manifest.hook_path_escape", f"[hooks] {hook} = {script!r} is a symlink that leaves "
+                               "the plugin directory", "Copy the script into the plugin instead of linking it."))
+    for dep in manifest.plugin_depends:
+        if not NAME_RE.match(dep) or not (plugin_dir.parent / dep / "plugin.toml").is_file():
+            out.append(F.error("manifest.depends_missing", f"plugin_depends: {dep!r} is not installed",
+                               f"Install the plugin {dep!r} first."))
+    return out
 
 
 def _drop_unknown(data: dict[str, Any]) -> dict[str, Any]:
@@ -276,16 +380,21 @@ def load_plugin(plugin_dir: Path, check_integrity: bool = True) -> LoadedPlugin:
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError([F.error("manifest.unreadable", f"cannot read {path}: {exc}", "")]) from exc
     manifest, found = parse_manifest_text(text, expected_name=plugin_dir.name)
+    found += directory_findings(plugin_dir, manifest)
     if check_integrity:
-        problems = verify_integrity(plugin_dir, manifest)
-        if problems:
-            raise ManifestError(found + problems)
+        found += verify_integrity(plugin_dir, manifest)
+    if F.has_errors(found):
+        raise ManifestError(found)
     return LoadedPlugin(plugin_dir, manifest, found, fingerprint(plugin_dir))
 
 
 def verify_integrity(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
     out = []
     for rel, expected in manifest.integrity.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            out.append(F.error("integrity.path_invalid", f"[integrity] path {rel!r} leaves the plugin directory",
+                               "Integrity paths are relative to the plugin directory."))
+            continue
         target = (plugin_dir / rel)
         try:
             digest = hashlib.sha256(target.read_bytes()).hexdigest()

@@ -2,17 +2,32 @@
 
 One process group per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
 stderr streamed line by line to a callback as it arrives.
+
+Sandbox, applied in the child between fork and exec by one small preexec function (`_Preexec`):
+- PR_SET_PDEATHSIG(SIGKILL): if the worker dies (even SIGKILL), the kernel kills the hook too. Without it hooks,
+  being session leaders, would outlive a crashed worker with no timeout. Caveat: the signal follows the *thread*
+  that spawned the child; the engine spawns from long-lived pool threads, never from short-lived ones.
+- RLIMIT_AS (`max_memory_mb`) and RLIMIT_CPU (`max_cpu_secs`), set before exec so no allocation escapes them.
+- `allow_network = false`: a fresh, empty network namespace (unshare(CLONE_NEWNET); loopback is down, nothing is
+  reachable) when the OS allows it; probed once per process. Proxy variables are blanked either way (LibreFang).
+A preexec function makes CPython fork() instead of vfork(): about 1.5-2 ms per spawn measured here (0.8 ms -> 2.6 ms
+for /bin/true), small next to a hook's own interpreter start-up (python ~20 ms). PDEATHSIG has no vfork-compatible
+equivalent short of an extra exec of a wrapper (setpriv), which costs more.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import json
 import os
 import resource
 import selectors
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +60,9 @@ class HookCall:
     max_memory_mb: int | None = None
     max_cpu_secs: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. LIBREFANG_PLUGIN_CONFIG
+    allow_network: bool = True
+    allow_filesystem: bool = True
+    venv_dir: Path | None = None  # per-plugin virtualenv (requirements): python hooks run with its interpreter
 
 
 @dataclass
@@ -102,14 +120,89 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
     for key in call.runtime.runtime.passthrough:
         if key in parent:
             env[key] = parent[key]
+    if call.venv_dir is not None and call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher:
+        env["VIRTUAL_ENV"] = str(call.venv_dir)
+        env["PATH"] = str(call.venv_dir / "bin") + os.pathsep + env.get("PATH", os.defpath)
     if call.max_memory_mb:
         env["LIBREFANG_MAX_MEMORY_MB"] = str(call.max_memory_mb)
     env.update(call.extra_env)
     env.update(call.plugin_env)
     for key in call.allowed_env_vars:
-        if key in parent:
+        if key in parent and key not in BLOCKED_ENV_VARS:
             env[key] = parent[key]
+    if not call.allow_network:
+        # LibreFang's soft network sandbox, applied on top of the namespace where that is available.
+        env.update({"no_proxy": "*", "NO_PROXY": "*", "http_proxy": "", "https_proxy": "", "HTTP_PROXY": "",
+                    "HTTPS_PROXY": "", "LIBREFANG_SANDBOX": "1"})
+    if not call.allow_filesystem:
+        env["LIBREFANG_READONLY_FS"] = "1"
     return env
+
+
+# Never handed to a hook, even when an operator lists them in allowed_env_vars (service secrets).
+BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL",
+                              "LIBREFANG_LLM_API_KEY"})
+
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+class _Preexec:
+    """Runs in the forked child right before exec. Does only the syscalls listed in the module docstring."""
+
+    __slots__ = ("ppid", "mem", "cpu", "newnet", "libc")
+
+    def __init__(self, mem_bytes: int | None, cpu_secs: int | None, newnet: bool):
+        self.ppid = os.getpid()
+        self.mem = mem_bytes
+        self.cpu = cpu_secs
+        self.newnet = newnet
+        self.libc = _libc()
+
+    def __call__(self) -> None:
+        if self.libc is not None:
+            self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != self.ppid:  # the worker died between fork and prctl
+                os._exit(137)
+        if self.mem:
+            resource.setrlimit(resource.RLIMIT_AS, (self.mem, self.mem))
+        if self.cpu:
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu, self.cpu + 1))
+        if self.newnet and self.libc is not None and self.libc.unshare(_CLONE_NEWNET) != 0:
+            os._exit(126)  # never run a network-denied hook with the network
+
+
+_netns_lock = threading.Lock()
+_netns_state: list[bool] = []
+
+
+def network_isolation_available() -> bool:
+    """Whether this process may give hooks an empty network namespace. Probed once per process."""
+    if _netns_state:
+        return _netns_state[0]
+    with _netns_lock:
+        if not _netns_state:
+            _netns_state.append(_probe_netns())
+    return _netns_state[0]
+
+
+def _probe_netns() -> bool:
+    if not sys.platform.startswith("linux") or _libc() is None:
+        return False
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", "exit 0"], preexec_fn=_Preexec(None, None, True),
+                              close_fds=True, timeout=10, capture_output=True)
+        return proc.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _cap_utf8(text: str, cap: int) -> str:
@@ -133,13 +226,23 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         return fail(P.PATH_TRAVERSAL, str(exc))
     except FileNotFoundError as exc:
         return fail(P.SCRIPT_NOT_FOUND, str(exc))
+    if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
+        return fail(P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} runs in-process, not as a subprocess")
     try:
         argv = build_command(call.runtime, str(script))
     except LauncherNotFound as exc:
         return fail(P.LAUNCHER_NOT_FOUND, str(exc))
+    venv_python = _venv_python(call)
+    if venv_python is not None:
+        argv[0] = venv_python
     if call.data_dir is not None:
         call.data_dir.mkdir(parents=True, exist_ok=True)
-    payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
+    newnet = not call.allow_network and network_isolation_available()
+    mem = call.max_memory_mb * 1024 * 1024 if call.max_memory_mb else None
     try:
         proc = subprocess.Popen(
             argv,
@@ -150,27 +253,42 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
             env=build_env(call),
             start_new_session=True,  # own process group: a timeout kills grandchildren too
             close_fds=True,
+            preexec_fn=_Preexec(mem, call.max_cpu_secs, newnet),
         )
+    except subprocess.SubprocessError as exc:
+        return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
     except FileNotFoundError as exc:
         return fail(P.LAUNCHER_NOT_FOUND, f"cannot execute {argv[0]!r}: {exc.strerror}")
     except PermissionError as exc:
         return fail(P.SPAWN_FAILED, f"cannot execute {argv[0]!r}: {exc.strerror} (is the exec bit set?)")
     except OSError as exc:
         return fail(P.SPAWN_FAILED, f"cannot start hook: {exc}")
-    _apply_limits(proc.pid, call)
-    return _communicate(proc, payload, call.timeout_secs, started, on_stderr)
+    result = _communicate(proc, payload, call.timeout_secs, started, on_stderr)
+    _label_limits(result, call)
+    return result
 
 
-def _apply_limits(pid: int, call: HookCall) -> None:
-    # prlimit right after spawn: the limit holds for everything the hook allocates and for its children.
-    try:
-        if call.max_memory_mb:
-            limit = call.max_memory_mb * 1024 * 1024
-            resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
-        if call.max_cpu_secs:
-            resource.prlimit(pid, resource.RLIMIT_CPU, (call.max_cpu_secs, call.max_cpu_secs + 1))
-    except (OSError, ValueError):
-        pass  # the process may already have exited
+_OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory", "Out of memory", "bad_alloc",
+                "Allowed memory size", "failed to reserve", "not enough memory")
+
+
+def _label_limits(result: HookResult, call: HookCall) -> None:
+    """Say so when a failure was caused by the plugin's own resource limits."""
+    f = result.failure
+    if f is None or f.kind != P.SCRIPT_ERROR:
+        return
+    if call.max_cpu_secs and f.signal in (signal.SIGXCPU, signal.SIGKILL) and f.signal is not None:
+        f.message = f"CPU time limit exceeded (max_cpu_secs={call.max_cpu_secs}); {f.message}"
+    elif call.max_memory_mb and (f.signal in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGTRAP)
+                                 or any(m in result.stderr for m in _OOM_MARKERS)):
+        f.message = f"memory limit exceeded (max_memory_mb={call.max_memory_mb}); {f.message}"
+
+
+def _venv_python(call: HookCall) -> str | None:
+    if call.venv_dir is None or call.runtime.runtime.tag != "python" or call.runtime.custom_launcher:
+        return None
+    exe = call.venv_dir / "bin" / "python"
+    return str(exe) if exe.exists() else None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,0 +1,144 @@
+"""`requirements`: a plugin's Python dependencies, installed into its own virtualenv under its data dir.
+
+LibreFang runs `python -m pip install --user -r requirements.txt` with no timeout, which mixes every plugin's
+dependencies into one user site and can hang forever. Here each plugin gets `<data_dir>/venv`, built next to the
+old one and swapped in only when the install succeeded (a failed install loses nothing), all within `timeout`.
+Python hooks of a plugin that has a venv run with the venv's interpreter (VIRTUAL_ENV and PATH set; see runner).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from engine.runtimes import find_launcher
+
+OUTPUT_TAIL_CHARS = 64 * 1024
+DEFAULT_REQUIREMENTS = "requirements.txt"
+
+
+def requirements_file(plugin_dir: Path) -> Path | None:
+    """The plugin's requirements file: `requirements = "<path>"` in plugin.toml, else requirements.txt.
+
+    Raises ValueError when the declared path leaves the plugin directory.
+    """
+    declared = None
+    try:
+        raw = tomllib.loads((plugin_dir / "plugin.toml").read_text(encoding="utf-8"))
+        value = raw.get("requirements")
+        declared = value if isinstance(value, str) and value.strip() else None
+    except (OSError, ValueError):
+        pass
+    rel = Path(declared or DEFAULT_REQUIREMENTS)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"requirements path {str(rel)!r} must be relative to the plugin directory without '..'")
+    root = plugin_dir.resolve()
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root):
+        raise ValueError(f"requirements path {str(rel)!r} resolves outside the plugin directory")
+    return target if target.is_file() else None
+
+
+def install_requirements(plugin_dir: Path, data_dir: Path, timeout: float = 300.0) -> tuple[bool, str]:
+    """Create `<data_dir>/venv` and pip-install the plugin's requirements into it. Returns (ok, output)."""
+    plugin_dir = Path(plugin_dir)
+    data_dir = Path(data_dir)
+    try:
+        req = requirements_file(plugin_dir)
+    except ValueError as exc:
+        return False, str(exc)
+    if req is None:
+        return True, "No requirements.txt found — nothing to install"
+    python = find_launcher("python")
+    if python is None:
+        return False, "no python interpreter found (python3, python, py) to build the plugin's virtualenv"
+    deadline = time.monotonic() + timeout
+    data_dir.mkdir(parents=True, exist_ok=True)
+    final = data_dir / "venv"
+    staging = data_dir / "venv.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    log: list[str] = []
+    steps: list[list[str]] = [[python, "-m", "venv", "--without-pip", str(staging)]]
+    venv_python = str(staging / "bin" / "python")
+    if _has_pip(sys.executable):
+        steps.append([sys.executable, "-m", "pip", "--python", venv_python, "install",
+                      "--disable-pip-version-check", "--no-input", "-r", str(req)])
+    else:
+        steps.append([venv_python, "-m", "ensurepip", "--default-pip"])
+        steps.append([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                      "-r", str(req)])
+    for argv in steps:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            return False, _tail(log + [f"timed out after {timeout:g}s"])
+        ok, out = _run(argv, plugin_dir, remaining)
+        log.append("$ " + " ".join(argv) + "\n" + out)
+        if not ok:
+            shutil.rmtree(staging, ignore_errors=True)
+            return False, _tail(log)
+    backup = data_dir / "venv.old"
+    shutil.rmtree(backup, ignore_errors=True)
+    if final.exists():
+        final.rename(backup)
+    staging.rename(final)
+    _fix_shebangs(final, staging)
+    shutil.rmtree(backup, ignore_errors=True)
+    return True, _tail(log + [f"installed into {final}"])
+
+
+def _fix_shebangs(venv: Path, old: Path) -> None:
+    """Console scripts were written with the staging path in their shebang; point them at the final venv."""
+    old_prefix = f"#!{old}/".encode()
+    new_prefix = f"#!{venv}/".encode()
+    for script in (venv / "bin").iterdir():
+        try:
+            if script.is_symlink() or not script.is_file():
+                continue
+            data = script.read_bytes()
+            if data.startswith(old_prefix):
+                script.write_bytes(new_prefix + data[len(old_prefix):])
+        except OSError:
+            continue
+
+
+def _has_pip(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-m", "pip", "--version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _run(argv: list[str], cwd: Path, timeout: float) -> tuple[bool, str]:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)
+    try:
+        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return False, f"cannot run {argv[0]}: {exc}"
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
+        return False, out.decode("utf-8", "replace") + f"\ntimed out after {timeout:.0f}s; killed"
+    text = out.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        return False, text + f"\nexit code {proc.returncode}"
+    return True, text
+
+
+def _tail(parts: list[str]) -> str:
+    text = "\n".join(parts)
+    return text[-OUTPUT_TAIL_CHARS:]
