@@ -4,17 +4,23 @@ fallback for every failure. Per-hook stack semantics follow DESIGN.md §4."""
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import json
 import logging
+import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine import default_engine as D
 from engine import hooks as H
+from engine import protocol as P
 from engine.catalog import Catalog
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
-from engine.invoke import Attempt, invoke
+from engine.invoke import Attempt, Judge, Overrides, invoke, retry_delay_ms
 from engine.ports import (
     InvocationSink,
     MemoryStore,
@@ -36,6 +42,9 @@ class EngineReply:
     fallback_reason: str | None = None
     trace_ids: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # on_hook_failure = "abort": the agent must get an error, not a fallback. `error` says which plugin and why.
+    aborted: bool = False
+    error: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {**self.result, "source": self.source}
@@ -45,6 +54,9 @@ class EngineReply:
             out["trace_ids"] = self.trace_ids
         if self.warnings:
             out["warnings"] = self.warnings
+        if self.aborted:
+            out["aborted"] = True
+            out["error"] = self.error
         return out
 
 
@@ -57,6 +69,59 @@ class EngineDeps:
     summarizer_for: Callable[[LlmConfig], Summarizer | None] = lambda cfg: None
 
 
+class TtlCache:
+    """Per-hook reply cache (hook_cache_ttl_secs, assemble_cache_ttl_secs, compact_cache_ttl_secs), in memory per
+    worker process, keyed by plugin and the SHA-256 of the request JSON (LibreFang's scheme)."""
+
+    MAX_ENTRIES = 512
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._data: dict[tuple[str, str, str], tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+        self.clock = clock
+
+    @staticmethod
+    def key(plugin: str, hook: str, request: dict) -> tuple[str, str, str]:
+        digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+        return (plugin, hook, digest)
+
+    def get(self, key: tuple[str, str, str]) -> Any:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                return None
+            if hit[0] <= self.clock():
+                del self._data[key]
+                return None
+            return hit[1]
+
+    def put(self, key: tuple[str, str, str], value: Any, ttl: float) -> None:
+        with self._lock:
+            now = self.clock()
+            if len(self._data) >= self.MAX_ENTRIES:
+                for k in [k for k, (exp, _) in self._data.items() if exp <= now]:
+                    del self._data[k]
+                while len(self._data) >= self.MAX_ENTRIES:
+                    self._data.pop(next(iter(self._data)))
+            self._data[key] = (now + ttl, value)
+
+    def clear(self, plugin: str | None = None) -> None:
+        with self._lock:
+            for k in [k for k in self._data if plugin is None or k[0] == plugin]:
+                del self._data[k]
+
+
+CACHE_TTL_FIELD = {H.INGEST: "hook_cache_ttl_secs", H.ASSEMBLE: "assemble_cache_ttl_secs",
+                   H.COMPACT: "compact_cache_ttl_secs"}
+# Hooks that carry an agent id and honour only_for_agent_ids (LibreFang: ingest, assemble, compact, after_turn,
+# transform_tool_result).
+AGENT_FILTERED_HOOKS = frozenset({H.INGEST, H.ASSEMBLE, H.COMPACT, H.AFTER_TURN, H.TRANSFORM_TOOL_RESULT})
+# Hooks whose failure may abort the agent's call under on_hook_failure = "abort". LibreFang ignores abort for
+# bootstrap (`let _ =`) and after_turn is fire-and-forget.
+ABORTABLE_HOOKS = frozenset({H.INGEST, H.ASSEMBLE, H.COMPACT, H.TRANSFORM_TOOL_RESULT, H.PREPARE_SUBAGENT,
+                             H.MERGE_SUBAGENT})
+
+
 class ContextEngine:
     def __init__(self, deps: EngineDeps, catalog: Catalog | None = None, config: ConfigCache | None = None):
         self.deps = deps
@@ -64,6 +129,10 @@ class ContextEngine:
         self.catalog = catalog or Catalog(deps.home)
         self.config = config or ConfigCache(deps.home.config_path)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="stack")
+        self.cache = TtlCache()
+        # bootstrap overrides per plugin, kept for this process's lifetime (as LibreFang keeps them in the engine)
+        self.overrides: dict[str, Overrides] = {}
+        self._sleep: Callable[[float], None] = time.sleep
 
     # ---- what the web tier needs before it enqueues ----
 
@@ -77,14 +146,20 @@ class ContextEngine:
         return out
 
     def deadline_secs(self, hook: str) -> float:
-        """How long an agent may wait for `hook`: the slowest layer's timeout (bootstrap 2×)."""
-        timeouts = [30.0]
+        """How long an agent may wait for `hook`: every layer's timeout with its retries (bootstrap 2x); layers of
+        sequential hooks add up, ingest layers run concurrently. 30 s when no plugin serves."""
+        budgets = []
         for name in self.chain():
             plugin = self.catalog.get(name).plugin
-            if plugin is not None:
-                timeouts.append(plugin.manifest.hooks.hook_timeout_secs)
-        base = max(timeouts) if len(timeouts) > 1 else timeouts[0]
-        return base * (2 if hook == H.BOOTSTRAP else 1)
+            if plugin is None or not plugin.manifest.hooks.script_for(hook):
+                continue
+            s = plugin.manifest.hooks
+            timeout = s.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
+            delays = sum(retry_delay_ms(s.retry_delay_ms, n) for n in range(1, s.max_retries + 1)) / 1000
+            budgets.append(timeout * (1 + s.max_retries) + delays)
+        if not budgets:
+            return 30.0 * (2 if hook == H.BOOTSTRAP else 1)
+        return max(budgets) if hook in (H.INGEST, H.AFTER_TURN) else sum(budgets)
 
     # ---- answering ----
 
@@ -95,7 +170,10 @@ class ContextEngine:
                         context_window_tokens=ce.context_window_tokens)
         chain = self.chain(cfg)
         handler = getattr(self, f"_{hook}")
-        return handler(req, chain, cfg, job_id)
+        reply = handler(req, chain, cfg, job_id)
+        if reply.fallback_reason and not reply.aborted:
+            log.warning("%s fell back to the default engine: %s", hook, reply.fallback_reason)
+        return reply
 
     def default(self, hook: str, request: dict[str, Any], reason: str | None = None) -> EngineReply:
         """The built-in engine's answer, e.g. when the worker missed the deadline."""
@@ -116,18 +194,54 @@ class ContextEngine:
             return {"type": "unchanged", "content": req.get("content"), "result": req.get("content")}
         return D.ok()
 
-    def _run(self, name: str, hook: str, req: dict, cfg: ServiceConfig, job_id: str | None) -> Attempt | None:
+    def _applies(self, name: str, hook: str, req: dict) -> bool:
+        """The plugin's filters: ingest_filter / ingest_regex (ingest) and only_for_agent_ids."""
+        plugin = self.catalog.get(name).plugin
+        if plugin is None:
+            return True
+        s = plugin.manifest.hooks
+        if hook == H.INGEST:
+            message = str(req.get("message") or "")
+            override = self.overrides.get(name)
+            substring = override.ingest_filter if override and override.ingest_filter is not None else s.ingest_filter
+            if substring and substring not in message:
+                return False
+            if s.ingest_regex:
+                try:
+                    if not re.search(s.ingest_regex, message):
+                        return False
+                except re.error:
+                    pass  # invalid pattern: ignored (and reported as a finding), as LibreFang does
+        if hook in AGENT_FILTERED_HOOKS and s.only_for_agent_ids:
+            agent = str(req.get("agent_id") or "")
+            return any(x in agent for x in s.only_for_agent_ids)
+        return True
+
+    def _run(self, name: str, hook: str, req: dict, cfg: ServiceConfig, job_id: str | None,
+             judge: Judge | None = None) -> Attempt | None:
+        """One layer. None: the plugin does not take part (hook not declared, or filtered out)."""
         entry = self.catalog.get(name)
         plugin = entry.plugin
-        if plugin is None or not plugin.manifest.hooks.script_for(hook):
-            if plugin is None:
-                # record a failed invocation so the operator sees why the plugin is not answering
-                return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations,
-                              stderr=self.deps.stderr, agent_id=str(req.get("agent_id") or ""), job_id=job_id)
+        agent = str(req.get("agent_id") or req.get("parent_id") or "")
+        if plugin is None:
+            # record a failed invocation so the operator sees why the plugin is not answering
+            return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations,
+                          stderr=self.deps.stderr, agent_id=agent, job_id=job_id)
+        if not plugin.manifest.hooks.script_for(hook) or not self._applies(name, hook, req):
             return None
-        return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                      agent_id=str(req.get("agent_id") or req.get("parent_id") or ""), job_id=job_id,
-                      allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars))
+        ttl_field = CACHE_TTL_FIELD.get(hook)
+        ttl = getattr(plugin.manifest.hooks, ttl_field) if ttl_field else None
+        key = TtlCache.key(name, hook, req) if ttl else None
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Attempt(name, hook, hit, "", cached=True)
+        attempt = invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
+                         agent_id=agent, job_id=job_id, allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars),
+                         overrides=self.overrides.get(name), judge=judge, sleep=self._sleep)
+        if key is not None and attempt.ok and ttl:
+            self.cache.put(key, attempt.result, float(ttl))
+        return attempt
 
     def _run_all_concurrently(self, names: list[str], hook: str, req: dict, cfg: ServiceConfig,
                               job_id: str | None) -> list[Attempt | None]:
@@ -136,135 +250,190 @@ class ContextEngine:
         futures = [self._pool.submit(self._run, n, hook, req, cfg, job_id) for n in names]
         return [f.result() for f in futures]
 
-    @staticmethod
-    def _reason(attempts: list[Attempt]) -> str | None:
-        failed = [a for a in attempts if not a.ok]
+    def _policy(self, name: str) -> str:
+        plugin = self.catalog.get(name).plugin
+        return plugin.manifest.hooks.on_hook_failure if plugin is not None else "warn"
+
+    def _reason(self, attempts: list[Attempt]) -> str | None:
+        """Why the answer is (partly) the default's. Failures of `skip` plugins stay silent."""
+        failed = [a for a in attempts if not a.ok and self._policy(a.plugin) != "skip"]
         if not failed:
             return None
         return "; ".join(f"{a.plugin}: {a.failure}" for a in failed)
 
-    @staticmethod
-    def _policy_abort(name_attempts: list[Attempt], catalog: Catalog) -> Attempt | None:
-        for a in name_attempts:
-            if not a.ok:
-                plugin = catalog.get(a.plugin).plugin
-                if plugin is not None and plugin.manifest.hooks.on_hook_failure == "abort":
-                    return a
+    def _abort(self, hook: str, attempts: list[Attempt]) -> EngineReply | None:
+        if hook not in ABORTABLE_HOOKS:
+            return None
+        for a in attempts:
+            # an unusable reply (e.g. an empty assemble list) falls back even under abort, as in LibreFang
+            if not a.ok and self._policy(a.plugin) == "abort" and a.failure and a.failure.kind != P.INVALID_OUTPUT:
+                failure = a.failure or P.Failure(P.ABORTED, "hook failed")
+                return EngineReply({"type": "error"}, a.plugin, None, [x.trace_id for x in attempts if x.trace_id],
+                                   aborted=True, error={"kind": P.ABORTED, "plugin": a.plugin, "hook": hook,
+                                                        "cause": failure.kind, "message": failure.message})
         return None
+
+    @staticmethod
+    def _trace_ids(attempts: list[Attempt]) -> list[str]:
+        return [a.trace_id for a in attempts if a.trace_id]
 
     # ---- hooks ----
 
     def _ingest(self, req: dict, chain: list[str], cfg: ServiceConfig, job_id: str | None) -> EngineReply:
         if cfg.context_engine.stable_prefix_mode:
-            return EngineReply({"type": "ingest_result", "memories": []}, "default", "stable_prefix_mode")
-        runnable = [n for n in chain if self._ingest_applies(n, req)]
-        attempts = [a for a in self._run_all_concurrently(runnable, H.INGEST, req, cfg, job_id) if a is not None]
-        default = D.ingest(req, self.deps.memory, cfg.context_engine.max_recall_results)
+            # LibreFang: neither the hooks nor the default recall run in stable-prefix mode.
+            return EngineReply({"type": "ingest_result", "memories": []}, "default", None)
+        attempts = [a for a in self._run_all_concurrently(chain, H.INGEST, req, cfg, job_id) if a is not None]
+        aborted = self._abort(H.INGEST, attempts)
+        if aborted:
+            return aborted
+        default = D.ingest(req, self.deps.memory, cfg.context_engine.max_recall_results)  # once, not per layer
         weights = cfg.context_engine.plugin_stack_weights
-        ok = sorted((a for a in attempts if a.ok), key=lambda a: -weights.get(a.plugin, 1.0))
+        ok = sorted((a for a in attempts if a.ok), key=lambda a: -weights.get(a.plugin, 1.0))  # stable sort
         memories = list(default["memories"])
         for a in ok:
-            memories += _memories_from(a.reply)
+            memories += _memories_from(a.reply, "hook_cached" if a.cached else "hook")
         source = ",".join(a.plugin for a in ok) or "default"
         return EngineReply({"type": "ingest_result", "memories": memories}, source, self._reason(attempts),
-                           [a.trace_id for a in attempts])
-
-    def _ingest_applies(self, name: str, req: dict) -> bool:
-        import re
-
-        plugin = self.catalog.get(name).plugin
-        if plugin is None:
-            return True
-        s = plugin.manifest.hooks
-        message = str(req.get("message") or "")
-        if s.ingest_filter and s.ingest_filter not in message:
-            return False
-        if s.ingest_regex:
-            try:
-                if not re.search(s.ingest_regex, message):
-                    return False
-            except re.error:
-                pass
-        agent = str(req.get("agent_id") or "")
-        return not (s.only_for_agent_ids and not any(x in agent for x in s.only_for_agent_ids))
+                           self._trace_ids(attempts))
 
     def _first_wins(self, hook: str, req: dict, chain: list[str], cfg: ServiceConfig, job_id: str | None,
-                    accept: Callable[[Any], dict | None]) -> EngineReply:
+                    accept: Callable[[Any], tuple[dict | None, str | None, list[str]]],
+                    count_unusable_as_failure: bool) -> EngineReply:
+        """Layers in order; the first usable result wins. `accept(reply)` -> (result, problem, warnings)."""
         attempts: list[Attempt] = []
+        accepted: dict[int, tuple[dict | None, list[str]]] = {}
+
+        def judge(reply: Any) -> tuple[str | None, list[str]]:
+            result, problem, warnings = accept(reply)
+            accepted[id(reply)] = (result, warnings)
+            return (problem if count_unusable_as_failure else None), warnings
+
         for name in chain:
-            a = self._run(name, hook, req, cfg, job_id)
+            a = self._run(name, hook, req, cfg, job_id, judge)
             if a is None:
                 continue
             attempts.append(a)
             if a.ok:
-                result = accept(a.reply)
+                result, warnings = accepted.get(id(a.reply)) or accept(a.reply)[::2]
                 if result is not None:
-                    return EngineReply(result, name, None, [x.trace_id for x in attempts])
-        reason = self._reason(attempts) or (f"no plugin returned a usable {hook} result" if attempts else None)
-        return EngineReply(self._default_result(hook, req, cfg), "default", reason, [x.trace_id for x in attempts])
+                    return EngineReply(result, name, self._reason(attempts[:-1]), self._trace_ids(attempts),
+                                       list(warnings))
+            else:
+                aborted = self._abort(hook, [a])
+                if aborted is not None:
+                    aborted.trace_ids = self._trace_ids(attempts)
+                    return aborted
+        reason = self._reason(attempts)
+        if reason is None and any(a.ok for a in attempts):
+            reason = f"no plugin returned a usable {hook} result"
+        return EngineReply(self._default_result(hook, req, cfg), "default", reason, self._trace_ids(attempts))
 
     def _assemble(self, req, chain, cfg, job_id):
         def accept(reply):
             msgs = _messages_from(reply)
             if not msgs:
-                return None
-            return {"type": "assemble_result", "messages": restore_pinned(req["messages"], msgs)}
-        return self._first_wins(H.ASSEMBLE, req, chain, cfg, job_id, accept)
+                return None, "assemble returned no usable messages", []
+            restored, warnings = restore_pinned(req["messages"], msgs)
+            return {"type": "assemble_result", "messages": restored, "recovery_stage": "none"}, None, warnings
+        return self._first_wins(H.ASSEMBLE, req, chain, cfg, job_id, accept, count_unusable_as_failure=True)
 
     def _compact(self, req, chain, cfg, job_id):
+        summarizer = self.deps.summarizer_for(cfg.llm)
+
         def accept(reply):
             if not isinstance(reply, dict):
-                return None
+                return None, "compact returned no usable result", []
+            via_llm = self._llm_summary(req, reply, summarizer)
+            if via_llm is not None:
+                return via_llm
             msgs = _messages_from(reply)
             if not msgs:
-                return None
-            msgs = restore_pinned(req["messages"], msgs)
-            summary = reply.get("summary") if isinstance(reply.get("summary"), str) else "plugin compaction"
-            return {"type": "compact_result", "messages": msgs, "summary": summary,
-                    "compacted_count": max(0, len(req["messages"]) - len(msgs)), "used_fallback": False}
-        return self._first_wins(H.COMPACT, req, chain, cfg, job_id, accept)
+                return None, "compact returned no usable messages", []
+            restored, warnings = restore_pinned(req["messages"], msgs)
+            summary = reply.get("summary") if isinstance(reply.get("summary"), str) and reply.get("summary") \
+                else "plugin compaction"
+            return ({"type": "compact_result", "messages": restored, "summary": summary,
+                     "compacted_count": max(0, len(req["messages"]) - len(msgs)), "used_fallback": False},
+                    None, warnings)
+        return self._first_wins(H.COMPACT, req, chain, cfg, job_id, accept, count_unusable_as_failure=True)
+
+    @staticmethod
+    def _llm_summary(req: dict, reply: dict, summarizer: Summarizer | None):
+        """`request_llm_summary`: the host's LLM summarises `summarize`; `keep` stays verbatim. None: not usable."""
+        directive = reply.get("request_llm_summary")
+        if not isinstance(directive, dict):
+            return None
+        summarize = [m for m in (directive.get("summarize") or []) if isinstance(m, dict)]
+        keep = _messages_from({"messages": directive.get("keep") or []})
+        if not summarize or summarizer is None:
+            return None
+        max_tokens = directive.get("max_tokens") if isinstance(directive.get("max_tokens"), int) else 2048
+        prompt = directive.get("prompt") if isinstance(directive.get("prompt"), str) else None
+        try:
+            summary = summarizer.summarize(D.render_for_summary(summarize), max_tokens, prompt).strip()
+        except Exception as exc:
+            log.warning("request_llm_summary: the LLM call failed: %s", exc)
+            return None
+        if not summary:
+            return None
+        restored, warnings = restore_pinned(req["messages"], keep)
+        return ({"type": "compact_result", "messages": restored, "summary": summary,
+                 "compacted_count": len(summarize), "used_fallback": False}, None, warnings)
 
     def _transform_tool_result(self, req, chain, cfg, job_id):
         def accept(reply):
-            if not isinstance(reply, dict):
-                return None
-            if reply.get("type") == "skip":
-                return None
-            new = reply.get("result") if reply.get("type") == "transformed" else reply.get("content")
+            if not isinstance(reply, dict) or reply.get("type") == "skip":
+                return None, None, []
+            new = reply.get("result") if reply.get("type") == "transformed" and "result" in reply \
+                else reply.get("content")
+            if new is None:
+                return None, None, []  # no change, still a success (LibreFang)
             if not isinstance(new, str):
-                return None
-            return {"type": "transformed", "content": new, "result": new}
-        return self._first_wins(H.TRANSFORM_TOOL_RESULT, req, chain, cfg, job_id, accept)
+                new = json.dumps(new, ensure_ascii=False)
+            return {"type": "transformed", "content": new, "result": new}, None, []
+        reply = self._first_wins(H.TRANSFORM_TOOL_RESULT, req, chain, cfg, job_id, accept,
+                                 count_unusable_as_failure=False)
+        if reply.source == "default" and reply.fallback_reason and reply.fallback_reason.startswith("no plugin"):
+            reply.fallback_reason = None  # every layer passed: that is not a failure
+        return reply
 
-    def _run_each(self, hook, req, chain, cfg, job_id, concurrent: bool = False) -> EngineReply:
-        runs = (self._run_all_concurrently(chain, hook, req, cfg, job_id) if concurrent
-                else [self._run(n, hook, req, cfg, job_id) for n in chain])
-        attempts = [a for a in runs if a is not None]
+    def _run_each(self, hook, req, chain, cfg, job_id) -> EngineReply:
+        """bootstrap, prepare/merge_subagent, on_event: all run in order; failures logged; the chain continues."""
+        attempts = [a for a in (self._run(n, hook, req, cfg, job_id) for n in chain) if a is not None]
+        aborted = self._abort(hook, attempts)
+        if aborted:
+            return aborted
         ok = [a for a in attempts if a.ok]
-        result: dict[str, Any] = {"type": "ok"}
-        return EngineReply(result, ",".join(a.plugin for a in ok) or "default", self._reason(attempts),
-                           [a.trace_id for a in attempts])
+        return EngineReply({"type": "ok"}, ",".join(a.plugin for a in ok) or "default", self._reason(attempts),
+                           self._trace_ids(attempts))
 
     def _after_turn(self, req, chain, cfg, job_id):
         runs = self._run_all_concurrently(chain, H.AFTER_TURN, req, cfg, job_id)
         attempts = [a for a in runs if a is not None]
+        stored = 0
         for a in attempts:
             if a.ok and isinstance(a.reply, dict):
-                self._apply_after_turn_reply(a, req, chain, cfg, job_id)
+                stored += self._apply_after_turn_reply(a, req, chain, cfg, job_id)
         ok = [a for a in attempts if a.ok]
-        return EngineReply({"type": "ok"}, ",".join(a.plugin for a in ok) or "default", self._reason(attempts),
-                           [a.trace_id for a in attempts])
+        return EngineReply({"type": "ok", "memories_stored": stored}, ",".join(a.plugin for a in ok) or "default",
+                           self._reason(attempts), self._trace_ids(attempts))
 
     def _apply_after_turn_reply(self, a: Attempt, req: dict, chain: list[str], cfg: ServiceConfig,
-                                job_id: str | None) -> None:
-        """after_turn replies may carry memories (stored), log (logged) and events (to the others' on_event)."""
+                                job_id: str | None) -> int:
+        """after_turn replies may carry memories (stored), log (logged), annotations (on the trace, see invoke)
+        and events (to the other stack members' on_event; only in a stack, self-events skipped)."""
         reply = a.reply
-        for m in reply.get("memories") or []:
-            if isinstance(m, dict) and isinstance(m.get("content"), str):
-                tags = [str(t) for t in (m.get("tags") or [])][:16]
+        stored = 0
+        memories = reply.get("memories")
+        for m in memories if isinstance(memories, list) else []:
+            if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip():
+                tags = [str(t) for t in (m.get("tags") or []) if isinstance(t, str | int | float)][:16] \
+                    if isinstance(m.get("tags"), list) else []
                 try:
                     self.deps.memory.remember(str(req.get("agent_id") or ""), req.get("peer_id"), m["content"],
                                               scope=",".join(tags) or "hook", tags=tags, source=a.plugin)
+                    stored += 1
                 except Exception:
                     log.warning("storing a memory from %s failed", a.plugin, exc_info=True)
         if isinstance(reply.get("log"), str):
@@ -277,10 +446,29 @@ class ContextEngine:
                 event_req = {"event": {"name": ev["name"], "payload": ev.get("payload"), "source_plugin": a.plugin}}
                 for other in chain:
                     if other != a.plugin:
+                        # best-effort, no retries, output ignored (LibreFang)
                         self._run(other, H.ON_EVENT, event_req, cfg, job_id)
+        return stored
 
     def _bootstrap(self, req, chain, cfg, job_id):
-        return self._run_each(H.BOOTSTRAP, req, chain, cfg, job_id)
+        attempts = [a for a in (self._run(n, H.BOOTSTRAP, req, cfg, job_id) for n in chain) if a is not None]
+        for a in attempts:
+            if a.ok and isinstance(a.reply, dict):
+                self._apply_bootstrap_overrides(a.plugin, a.reply)
+        ok = [a for a in attempts if a.ok]
+        return EngineReply({"type": "ok"}, ",".join(a.plugin for a in ok) or "default", self._reason(attempts),
+                           self._trace_ids(attempts))
+
+    def _apply_bootstrap_overrides(self, plugin: str, reply: dict) -> None:
+        o = Overrides()
+        if isinstance(reply.get("env_overrides"), dict):
+            o.env = {str(k): str(v) for k, v in reply["env_overrides"].items() if v is not None}
+        if isinstance(reply.get("ingest_filter"), str):
+            o.ingest_filter = reply["ingest_filter"]
+        if isinstance(reply.get("allow_network"), bool):
+            o.allow_network = reply["allow_network"]
+        self.overrides[plugin] = o
+        self.cache.clear(plugin)
 
     def _prepare_subagent(self, req, chain, cfg, job_id):
         return self._run_each(H.PREPARE_SUBAGENT, req, chain, cfg, job_id)
@@ -299,16 +487,17 @@ class ContextEngine:
                         context_window_tokens=cfg.context_engine.context_window_tokens)
         entry = self.catalog.get(name)
         return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                      agent_id=str(req.get("agent_id") or ""), retries=0)
+                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides.get(name))
 
 
-def _memories_from(reply: Any) -> list[dict]:
-    if not isinstance(reply, dict):
+def _memories_from(reply: Any, scope: str = "hook") -> list[dict]:
+    """`{"memories":[{"content": str, ...}]}`; `type` is never required. Other keys of an entry pass through."""
+    if not isinstance(reply, dict) or not isinstance(reply.get("memories"), list):
         return []
     out = []
-    for m in reply.get("memories") or []:
+    for m in reply["memories"]:
         if isinstance(m, dict) and isinstance(m.get("content"), str):
-            out.append({**m, "scope": m.get("scope", "hook")})
+            out.append({**m, "scope": scope})
     return out
 
 
@@ -322,22 +511,22 @@ def _messages_from(reply: Any) -> list[dict]:
             and isinstance(m.get("content"), (str, list))]
 
 
-def restore_pinned(original: list[dict], result: list[dict]) -> list[dict]:
-    """Put back any pinned message a plugin dropped, in its original relative order."""
+def restore_pinned(original: list[dict], result: list[dict]) -> tuple[list[dict], list[str]]:
+    """Put back any pinned message a plugin dropped, in its original relative order; one warning per message."""
     def key(m: dict) -> str:
-        import json
-
         return json.dumps([m.get("role"), m.get("content")], sort_keys=True, default=str)
 
     present = {key(m) for m in result}
     missing = [(i, m) for i, m in enumerate(original) if isinstance(m, dict) and m.get("pinned") and key(m) not in present]
     if not missing:
-        return result
+        return result, []
     out = list(result)
-    for _, m in missing:
+    warnings = []
+    for i, m in missing:
         # insert before the first result message that came after it in the original, else append
         out.insert(_insert_at(original, m, out, key), m)
-    return out
+        warnings.append(f"pinned message #{i} ({m.get('role')}) was dropped by the plugin and has been restored")
+    return out, warnings
 
 
 def _insert_at(original: list[dict], pinned: dict, out: list[dict], key) -> int:
