@@ -128,6 +128,7 @@ class Manifest(BaseModel):
     requires: list[Requirement] = Field(default_factory=list)
     i18n: dict[str, I18nEntry] = Field(default_factory=dict)
     needs: list[str] = Field(default_factory=list)
+    wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm.py)
 
     @field_validator("env", mode="before")
     @classmethod

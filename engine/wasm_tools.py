@@ -1,0 +1,487 @@
+"""AgentZero-style WASM tool plugins: manifest.json, package/install, state file, discovery and execution.
+
+Layout: `$LIBREFANG_HOME/tools/<id>/<version>/{manifest.json,<wasm_file>}`; the state file
+`$LIBREFANG_HOME/tools/plugin-state.json` (`{"plugins": {id: {version, enabled, installed_at, source}}}`, a missing
+entry = enabled); an exclusive lock `tools/.agentzero-plugins.lock` around install/remove/state changes.
+
+`module_hash_policy` (config `[runtime.wasm.security]`), checked every time a tool runs (AgentZero only checks at
+install; its key is config-only there): "warn" = the module's sha256 differs from the manifest's `wasm_sha256`: run it,
+and report a warning in the reply and the log; "enforce" = refuse to run (failure `wasm_hash_mismatch`); "skip" = no
+check. Install always refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine import protocol as P
+from engine import wasm as W
+from engine.home import Home
+
+RUNTIME_API = 2
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
+HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+STATE_FILE = "plugin-state.json"
+LOCK_FILE = ".agentzero-plugins.lock"
+MAX_PACKAGE_BYTES = 64 * 1024 * 1024
+
+
+class ToolError(Exception):
+    """A refused tool operation. `status` is the HTTP status the API answers with."""
+
+    def __init__(self, message: str, code: str = "invalid_tool", status: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+
+
+class Dependency(BaseModel):
+    id: str
+    version_req: str = "*"
+
+
+class ToolManifest(BaseModel):
+    """AgentZero's manifest.json (`PluginManifest`); unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    version: str
+    description: str | None = None
+    entrypoint: str
+    wasm_file: str
+    wasm_sha256: str
+    capabilities: list[str] = Field(default_factory=list)
+    hooks: list[str] = Field(default_factory=list)
+    min_runtime_api: int = 2
+    max_runtime_api: int = 2
+    allowed_host_calls: list[str]  # required, as in AgentZero (serde has no default)
+    dependencies: list[Dependency] = Field(default_factory=list)
+    signature: str | None = None
+    signing_key_id: str | None = None
+
+    def check(self) -> None:
+        """AgentZero's validate() rules and messages, plus safe path components for id, version and wasm_file."""
+        if not self.id.strip():
+            raise ToolError("plugin id cannot be empty")
+        if not ID_RE.match(self.id):
+            raise ToolError(f"plugin id {self.id!r} must be lowercase letters, digits, '-' or '_' (max 64)")
+        if not self.version.strip():
+            raise ToolError("plugin version cannot be empty")
+        if not VERSION_RE.match(self.version) or ".." in self.version:
+            raise ToolError(f"plugin version {self.version!r} is not a valid version")
+        if not self.entrypoint.strip():
+            raise ToolError("plugin entrypoint cannot be empty")
+        if not self.wasm_file.strip() or not self.wasm_file.endswith(".wasm"):
+            raise ToolError("plugin wasm_file must end with .wasm")
+        if "/" in self.wasm_file or "\\" in self.wasm_file or self.wasm_file.startswith("."):
+            raise ToolError("plugin wasm_file must be a plain file name inside the package")
+        if not HEX64.match(self.wasm_sha256):
+            raise ToolError("plugin wasm_sha256 must be a 64-char hex digest")
+        if self.min_runtime_api < 1 or self.max_runtime_api < 1 or self.min_runtime_api > self.max_runtime_api:
+            raise ToolError("plugin runtime API range is invalid (need 1 <= min_runtime_api <= max_runtime_api)")
+        if not self.min_runtime_api <= RUNTIME_API <= self.max_runtime_api:
+            raise ToolError(f"plugin runtime API compatibility failed: current={RUNTIME_API}, "
+                            f"supported={self.min_runtime_api}..={self.max_runtime_api}"
+                            + (" (ABI v1 plugins must be rebuilt with SDK v2)" if self.max_runtime_api < 2 else ""))
+
+
+def parse_manifest(data: bytes | str | dict) -> ToolManifest:
+    """Parse and validate manifest.json; raises ToolError with a readable message."""
+    try:
+        raw = data if isinstance(data, dict) else json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ToolError(f"manifest.json is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ToolError("manifest.json must be a JSON object")
+    try:
+        manifest = ToolManifest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise ToolError(f"manifest.json `{loc}`: {first.get('msg')}") from exc
+    manifest.check()
+    return manifest
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- package ----------------------------------------------------------------------------------------------------
+
+def package(manifest: dict | bytes | str, wasm: bytes) -> bytes:
+    """A tar with manifest.json (wasm_sha256 recomputed) and the module, both 0644, as AgentZero packages."""
+    raw = manifest if isinstance(manifest, dict) else _json_object(manifest)
+    raw = {**raw, "wasm_sha256": sha256_hex(wasm)}
+    parsed = parse_manifest(raw)
+    body = json.dumps(raw, indent=2, ensure_ascii=False).encode("utf-8")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in (("manifest.json", body), (parsed.wasm_file, wasm)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _json_object(data: bytes | str) -> dict:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ToolError(f"manifest.json is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ToolError("manifest.json must be a JSON object")
+    return raw
+
+
+# ---- install / remove / state -----------------------------------------------------------------------------------
+
+@contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def read_package(data: bytes) -> tuple[ToolManifest, bytes, bytes]:
+    """(manifest, manifest bytes, wasm bytes) of a package; refuses symlinks, links, devices, `..` and absolute paths."""
+    if len(data) > MAX_PACKAGE_BYTES:
+        raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 (closed by the with below)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ToolError(f"package is not a tar archive: {exc}") from exc
+    files: dict[str, bytes] = {}
+    with tar:
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise ToolError(f"package is not a valid tar archive: {exc}") from exc
+        for member in members:
+            name = member.name
+            if member.issym() or member.islnk():
+                raise ToolError(f"plugin package contains a symlink entry `{name}` (rejected for security)")
+            if name.startswith("/") or ".." in name or "\\" in name:
+                raise ToolError(f"path traversal in plugin package: `{name}` (rejected for security)")
+            if member.isdir():
+                continue
+            if not member.isfile():
+                raise ToolError(f"plugin package entry `{name}` is not a regular file (rejected for security)")
+            clean = name[2:] if name.startswith("./") else name
+            extracted = tar.extractfile(member)
+            files[clean] = extracted.read() if extracted else b""
+    if "manifest.json" not in files:
+        raise ToolError("package missing manifest.json")
+    manifest = parse_manifest(files["manifest.json"])
+    wasm = files.get(manifest.wasm_file)
+    if wasm is None:
+        raise ToolError(f"package missing wasm module `{manifest.wasm_file}`")
+    if sha256_hex(wasm) != manifest.wasm_sha256.lower():
+        raise ToolError(f"integrity check failed for `{manifest.wasm_file}`: checksum mismatch")
+    return manifest, files["manifest.json"], wasm
+
+
+@dataclass
+class InstalledTool:
+    id: str
+    version: str
+    dir: Path
+    manifest: ToolManifest | None
+    problems: list[str] = field(default_factory=list)
+    enabled: bool = True
+    installed_at: str | None = None
+    source: str | None = None
+
+    @property
+    def wasm_path(self) -> Path | None:
+        return self.dir / self.manifest.wasm_file if self.manifest else None
+
+
+def install(home: Home, data: bytes, source: str = "local", policy: W.WasmPolicy | None = None) -> InstalledTool:
+    """Install a package under tools/<id>/<version>/ (replacing that version) and record it enabled."""
+    manifest, manifest_bytes, wasm = read_package(data)
+    policy = policy or W.WasmPolicy()
+    if len(wasm) > policy.max_module_bytes:
+        raise ToolError(f"plugin module exceeds size policy ({len(wasm)} > {policy.max_module_bytes} bytes)")
+    try:
+        W.wasmtime.Module.validate(W.get_engine(), wasm)
+    except W.wasmtime.WasmtimeError as exc:
+        raise ToolError(f"`{manifest.wasm_file}` is not a valid wasm module: {W._first_line(exc)}") from exc
+    root = home.tools_dir
+    with _locked(root):
+        target = root / manifest.id / manifest.version
+        tmp = root / manifest.id / f".tmp-{manifest.version}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "manifest.json").write_bytes(manifest_bytes)
+        (tmp / manifest.wasm_file).write_bytes(wasm)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+        state = load_state(home)
+        state.setdefault("plugins", {})[manifest.id] = {"version": manifest.version, "enabled": True,
+                                                         "installed_at": str(int(time.time())), "source": source}
+        _save_state(home, state)
+    return get_tool(home, manifest.id)
+
+
+def remove(home: Home, tool_id: str, version: str | None = None) -> int:
+    """Remove one version (or all); the number of version directories removed."""
+    if not tool_id.strip():
+        raise ToolError("plugin id cannot be empty")
+    if not ID_RE.match(tool_id) or (version is not None and (not VERSION_RE.match(version) or ".." in version)):
+        raise ToolError(f"unknown tool {tool_id!r}", code="not_found", status=404)
+    root = home.tools_dir
+    with _locked(root):
+        base = root / tool_id
+        if not base.is_dir():
+            return 0
+        dirs = [base / version] if version else [d for d in base.iterdir() if d.is_dir()]
+        count = 0
+        for d in dirs:
+            if d.is_dir():
+                shutil.rmtree(d)
+                count += 1
+        if base.is_dir() and not any(base.iterdir()):
+            base.rmdir()
+        if not base.exists():
+            state = load_state(home)
+            state.get("plugins", {}).pop(tool_id, None)
+            _save_state(home, state)
+        return count
+
+
+def load_state(home: Home) -> dict[str, Any]:
+    """The state file; missing or unreadable gives an empty state (everything enabled)."""
+    try:
+        data = json.loads((home.tools_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {"plugins": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("plugins"), dict):
+        return {"plugins": {}}
+    return data
+
+
+def _save_state(home: Home, state: dict[str, Any]) -> None:
+    path = home.tools_dir / STATE_FILE
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def set_enabled(home: Home, tool_id: str, enabled: bool) -> InstalledTool:
+    tool = get_tool(home, tool_id)
+    with _locked(home.tools_dir):
+        state = load_state(home)
+        entry = state.setdefault("plugins", {}).get(tool_id)
+        if entry is None:  # installed by copying files: create the entry rather than fail like AgentZero
+            entry = {"version": tool.version, "installed_at": None, "source": "manual"}
+            state["plugins"][tool_id] = entry
+        entry["enabled"] = enabled
+        _save_state(home, state)
+    return get_tool(home, tool_id)
+
+
+# ---- discovery ----------------------------------------------------------------------------------------------------
+
+def _version_key(version: str) -> tuple:
+    main = version.split("+")[0]
+    core, _, pre = main.partition("-")
+    parts = core.split(".")
+    if all(p.isdigit() for p in parts):
+        return (1, tuple(int(p) for p in parts), 0 if pre else 1, pre)
+    return (0, (), 0, version)
+
+
+def _load_dir(tool_id: str, version_dir: Path) -> InstalledTool:
+    version = version_dir.name
+    try:
+        manifest = parse_manifest((version_dir / "manifest.json").read_bytes())
+    except OSError as exc:
+        return InstalledTool(tool_id, version, version_dir, None, [f"cannot read manifest.json: {exc}"])
+    except ToolError as exc:
+        return InstalledTool(tool_id, version, version_dir, None, [exc.message])
+    problems = []
+    if manifest.id != tool_id:
+        problems.append(f"manifest id {manifest.id!r} does not match directory {tool_id!r}")
+    if not (version_dir / manifest.wasm_file).is_file():
+        problems.append(f"wasm file `{manifest.wasm_file}` is missing")
+    return InstalledTool(tool_id, manifest.version, version_dir, manifest, problems)
+
+
+def list_tools(home: Home) -> list[InstalledTool]:
+    """Installed tools, the highest version of each (semver), with their state; sorted by id."""
+    root = home.tools_dir
+    if not root.is_dir():
+        return []
+    state = load_state(home).get("plugins", {})
+    out = []
+    for base in sorted(root.iterdir()):
+        if not base.is_dir() or base.name.startswith(".") or not ID_RE.match(base.name):
+            continue
+        if (base / "manifest.json").is_file():  # flat layout (development)
+            tool = _load_dir(base.name, base)
+        else:
+            versions = [d for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")
+                        and (d / "manifest.json").is_file()]
+            if not versions:
+                continue
+            tool = _load_dir(base.name, max(versions, key=lambda d: _version_key(d.name)))
+        entry = state.get(base.name) or {}
+        tool.enabled = bool(entry.get("enabled", True))
+        tool.installed_at = entry.get("installed_at")
+        tool.source = entry.get("source")
+        out.append(tool)
+    return out
+
+
+def get_tool(home: Home, tool_id: str) -> InstalledTool:
+    for tool in list_tools(home):
+        if tool.id == tool_id:
+            return tool
+    raise ToolError(f"unknown tool {tool_id!r}", code="not_found", status=404)
+
+
+def describe(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
+    """A JSON-able view of a tool for the API and dashboard (name/schema from the module when exported)."""
+    m = tool.manifest
+    info: dict[str, Any] = {
+        "id": tool.id, "version": tool.version, "enabled": tool.enabled, "installed_at": tool.installed_at,
+        "source": tool.source, "description": (m.description if m else None) or "",
+        "capabilities": m.capabilities if m else [], "allowed_host_calls": m.allowed_host_calls if m else [],
+        "wasm_file": m.wasm_file if m else None, "wasm_sha256": m.wasm_sha256 if m else None,
+        "runtime_api": [m.min_runtime_api, m.max_runtime_api] if m else None,
+        "module_name": None, "input_schema": None, "problems": list(tool.problems), "hash_ok": None,
+    }
+    if m is None or tool.problems:
+        return info
+    try:
+        meta = W.describe(tool.wasm_path, policy, m.capabilities)
+        info["module_name"] = meta["name"]
+        info["input_schema"] = meta["schema"]
+        info["hash_ok"] = meta["sha256"] == m.wasm_sha256.lower()
+        if not info["hash_ok"]:
+            info["problems"].append(f"module sha256 {meta['sha256'][:12]}… does not match the manifest "
+                                    f"(module_hash_policy = {policy.module_hash_policy})")
+    except W.WasmError as exc:
+        info["problems"].append(exc.message)
+    return info
+
+
+# ---- execute ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class ToolRun:
+    """One execution. `output`/`error` are the agent-facing result (AgentZero's WasmTool mapping)."""
+
+    ok: bool
+    output: str
+    error: str | None
+    kind: str | None = None  # failure kind when not ok
+    warnings: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    elapsed_ms: float = 0.0
+    version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "output": self.output, "error": self.error, "kind": self.kind,
+                "warnings": self.warnings, "logs": self.logs, "elapsed_ms": round(self.elapsed_ms, 3),
+                "version": self.version}
+
+
+def workspace_for(home: Home, policy: W.WasmPolicy) -> Path:
+    return Path(policy.workspace_root).expanduser() if policy.workspace_root else home.root / "workspace"
+
+
+def map_output(text: str) -> tuple[bool, str, str | None]:
+    """AgentZero's output contract: {"output": str, "error": str|null}; (ok, output, error)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise W.WasmError(P.INVALID_OUTPUT, f"plugin output is not valid JSON: {exc} (raw: {text[:200]})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("output"), str):
+        raise W.WasmError(P.INVALID_OUTPUT, f"plugin output is not valid JSON: missing field `output` "
+                                            f"(raw: {text[:200]})")
+    error = data.get("error")
+    if error is not None and not isinstance(error, str):
+        error = json.dumps(error)
+    if error and not data["output"]:
+        return False, "", f"plugin error: {error}"
+    if error:
+        return True, f"{data['output']}\n[plugin warning: {error}]", None
+    return True, data["output"], None
+
+
+def execute(home: Home, tool_id: str, input_text: str, *, policy: W.WasmPolicy | None = None,
+            on_log: Callable[[str], None] | None = None, environ: dict[str, str] | None = None) -> ToolRun:
+    """Run a tool once. Unknown/disabled tools raise ToolError; everything the module does is a ToolRun."""
+    policy = policy or W.policy_for(home.config_path)
+    tool = get_tool(home, tool_id)
+    if not tool.enabled:
+        raise ToolError(f"tool {tool_id!r} is disabled", code="tool_disabled", status=409)
+    started = time.monotonic()
+    logs: list[str] = []
+    warnings: list[str] = []
+
+    def log(line: str) -> None:
+        logs.append(line)
+        if on_log is not None:
+            on_log(line)
+
+    def failed(kind: str, message: str) -> ToolRun:
+        return ToolRun(False, "", message, kind, warnings, logs, (time.monotonic() - started) * 1000, tool.version)
+
+    if tool.manifest is None or tool.problems:
+        return failed(P.MANIFEST_INVALID, "; ".join(tool.problems) or "tool cannot be loaded")
+    manifest = tool.manifest
+    try:
+        compiled = W.load_module(tool.wasm_path, policy)
+        if policy.module_hash_policy != "skip" and compiled.sha256 != manifest.wasm_sha256.lower():
+            message = (f"module_hash_policy={policy.module_hash_policy}: sha256 of `{manifest.wasm_file}` is "
+                       f"{compiled.sha256}, the manifest says {manifest.wasm_sha256.lower()}")
+            if policy.module_hash_policy == "enforce":
+                log(f"[ERROR] {message}; refused")
+                return failed(W.HASH_MISMATCH, message + "; refused to run")
+            warnings.append(message)
+            log(f"[WARN] {message}; running anyway")
+        workspace = workspace_for(home, policy)
+        workspace.mkdir(parents=True, exist_ok=True)
+        source_env = os.environ if environ is None else environ
+        env = {k: source_env[k] for k in policy.allowed_env_vars if k in source_env}
+        payload = json.dumps({"input": input_text, "workspace_root": str(workspace)}, ensure_ascii=False)
+        run = W.execute(tool.wasm_path, payload.encode("utf-8"), policy=policy, capabilities=manifest.capabilities,
+                        timeout_secs=policy.max_execution_ms / 1000, env=env, read_root=workspace, on_log=log,
+                        wasi_dir=workspace)
+        if not run.output:
+            return failed(P.EMPTY_OUTPUT, "plugin error: plugin returned empty output")
+        ok, output, error = map_output(W.decode_output(run.output))
+    except W.WasmError as exc:
+        return failed(exc.kind, exc.message)
+    except Exception as exc:  # never let a module crash the worker
+        return failed(W.TRAP, f"wasm runtime error: {type(exc).__name__}: {W._first_line(exc)}")
+    elapsed = (time.monotonic() - started) * 1000
+    return ToolRun(ok, output, error, None if ok else "plugin_error", warnings, logs, elapsed, tool.version)
