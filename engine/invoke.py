@@ -125,6 +125,7 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         allow_network=allow_network,
         allow_filesystem=settings.allow_filesystem,
         venv_dir=venv_dir(home, entry.name),
+        warm_start=settings.warm_start,
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import protocol as P
+from engine import warmstart
 from engine.protocol import Failure
 from engine.runtimes import LauncherNotFound, ResolvedRuntime, build_command
 
@@ -63,6 +64,7 @@ class HookCall:
     allow_network: bool = True
     allow_filesystem: bool = True
     venv_dir: Path | None = None  # per-plugin virtualenv (requirements): python hooks run with its interpreter
+    warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/warmstart.py)
 
 
 @dataclass
@@ -243,6 +245,14 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
     newnet = not call.allow_network and network_isolation_available()
     mem = call.max_memory_mb * 1024 * 1024 if call.max_memory_mb else None
+    # ---- warm start (engine/warmstart.py, owned by the speed work): python hooks forked from a zygote ----------
+    if warmstart.applies(call, argv):
+        warm = warmstart.spawn(argv, str(call.plugin_dir), build_env(call), mem, call.max_cpu_secs)
+        if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
+            result = _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
+            _label_limits(result, call)
+            return result
+    # ---- end of warm start -------------------------------------------------------------------------------------
     try:
         proc = subprocess.Popen(
             argv,

@@ -1,0 +1,347 @@
+"""Warm start for python hooks: fork each call from a per-interpreter zygote instead of exec'ing a new interpreter.
+
+The protocol's promise is kept: every call is still a fresh process (forked from a zygote that has never run plugin
+code), with the hook's cleared environment, cwd, rlimits, new session/process group, PDEATHSIG and stdio pipes set in
+the child exactly as `engine.runner` sets them for a spawned hook, and the script run as `__main__` with
+`sys.argv = [script]` and `sys.path[0]` = its directory. The runner drives the child through the same loop as a
+spawned one (`WarmProcess` quacks like `subprocess.Popen`), so timeouts kill the whole group and stderr streams the
+same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by the resolved interpreter.
+
+When it does not apply (another runtime, a custom launcher, `allow_network = false`, `[hooks] warm_start = false`,
+`LIBREFANG_WARM_START=0`) or the zygote is unavailable (it failed to start or died: it is restarted for later calls),
+`spawn()` returns None and the runner spawns the hook normally.
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("librefang.warmstart")
+
+ZYGOTE_SCRIPT = Path(__file__).with_name("warmstart_zygote.py")
+MAX_ZYGOTES = 8  # distinct (interpreter, start-up env) pairs kept warm; the least recently used one is stopped
+READY_TIMEOUT_SECS = 15.0
+PID_TIMEOUT_SECS = 10.0
+RETRY_AFTER_FAILURE_SECS = 30.0
+_HEADER = struct.Struct("!I")
+
+# Variables an interpreter reads while starting up (site, sys.path, locale, io encoding, hash seed ...). A zygote is
+# started with exactly these from the hook's environment, and only serves hooks whose values are the same.
+_STARTUP_PREFIXES = ("PYTHON", "LC_")
+_STARTUP_KEYS = ("HOME", "LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV")
+
+
+def globally_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get("LIBREFANG_WARM_START", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+def applies(call: Any, argv: Sequence[str]) -> bool:
+    """Whether this hook call can be forked from a zygote (a python hook run as `<python> <script>`)."""
+    runtime = call.runtime
+    return (
+        getattr(call, "warm_start", True)
+        and getattr(call, "allow_network", True)
+        and runtime.runtime.tag == "python"
+        and not runtime.custom_launcher
+        and len(argv) == 2
+        and os.path.isabs(argv[0])
+        and sys.platform.startswith("linux")
+        and globally_enabled()
+    )
+
+
+def startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_KEYS}
+
+
+class WarmProcess:
+    """A zygote child, driven through the same interface as subprocess.Popen by the runner's loop."""
+
+    def __init__(self, args: list[str], pid: int, reply: socket.socket, buf: bytes, stdin: int, stdout: int,
+                 stderr: int):
+        self.args = args
+        self.pid = pid
+        self.returncode: int | None = None
+        self.zygote_lost = False
+        self._reply = reply
+        self._buf = buf
+        self.stdin = open(stdin, "wb", buffering=0)  # noqa: SIM115 - closed by the runner
+        self.stdout = open(stdout, "rb", buffering=0)  # noqa: SIM115
+        self.stderr = open(stderr, "rb", buffering=0)  # noqa: SIM115
+        self._take_lines()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            remaining = None if end is None else end - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._read(remaining)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _read(self, timeout: float | None) -> None:
+        if self._reply is None:
+            return
+        ready, _, _ = select.select([self._reply], [], [], timeout)
+        if not ready:
+            return
+        try:
+            chunk = self._reply.recv(4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            # The zygote died before reporting: its children die with it (PDEATHSIG), so this one was killed.
+            self.zygote_lost = True
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._finish(-signal.SIGKILL)
+            return
+        self._buf += chunk
+        self._take_lines()
+
+    def _take_lines(self) -> None:
+        while b"\n" in self._buf and self.returncode is None:
+            line, _, self._buf = self._buf.partition(b"\n")
+            msg = json.loads(line)
+            if "rc" in msg:
+                self._finish(int(msg["rc"]))
+
+    def _finish(self, rc: int) -> None:
+        self.returncode = rc
+        if self._reply is not None:
+            self._reply.close()
+            self._reply = None
+
+
+class Zygote:
+    """The worker's handle on one zygote process."""
+
+    def __init__(self, launcher: str, env: Mapping[str, str]):
+        self.launcher = launcher
+        self.env = dict(env)
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.ctl: socket.socket | None = None
+        self.pid: int | None = None
+        self.calls = 0
+        self.broken = False
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [self.launcher, str(ZYGOTE_SCRIPT), str(theirs.fileno())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),), env=self.env, cwd="/", start_new_session=True, close_fds=True,
+            )
+        finally:
+            theirs.close()
+        # Its stdio are pipes, as a hook's are (so sys.std* are configured the same); nothing is ever written to them.
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        threading.Thread(target=_drain, args=(self.proc,), name="zygote-stderr", daemon=True).start()
+        ours.settimeout(READY_TIMEOUT_SECS)
+        try:
+            hello = json.loads(ours.recv(4096) or b"{}")
+        except (OSError, ValueError) as exc:
+            hello = {"ready": False, "why": f"no handshake: {exc}"}
+        if not hello.get("ready"):
+            ours.close()
+            self.stop()
+            raise ZygoteUnavailable(hello.get("why") or "zygote exited during start-up")
+        ours.settimeout(None)
+        self.ctl = ours
+        self.pid = hello.get("pid")
+
+    def alive(self) -> bool:
+        return not self.broken and self.proc is not None and self.proc.poll() is None and self.ctl is not None
+
+    def stop(self) -> None:
+        if self.ctl is not None:
+            try:
+                self.ctl.close()  # EOF: the zygote exits on its own
+            except OSError:
+                pass
+            self.ctl = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=2)
+
+    def fork(self, script: str, cwd: str, env: Mapping[str, str], mem: int | None,
+             cpu: int | None) -> WarmProcess | None:
+        spec = json.dumps({"script": script, "cwd": cwd, "env": dict(env), "mem": mem, "cpu": cpu,
+                           "launcher": self.launcher}).encode()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        mine = [in_w, out_r, err_r]
+        try:
+            fds = array.array("i", [theirs.fileno(), in_r, out_w, err_w])
+            with self.lock:
+                if self.ctl is None:
+                    raise ConnectionError("zygote stopped")
+                self.ctl.sendmsg([_HEADER.pack(len(spec))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            self.broken = True
+            ours.close()
+            for fd in mine:
+                os.close(fd)
+            return None
+        finally:
+            theirs.close()
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        try:
+            ours.settimeout(PID_TIMEOUT_SECS)
+            ours.sendall(spec)
+            buf = b""
+            while b"\n" not in buf:
+                chunk = ours.recv(4096)
+                if not chunk:
+                    raise ConnectionError("zygote closed the call")
+                buf += chunk
+            ours.settimeout(None)
+            line, _, rest = buf.partition(b"\n")
+            msg = json.loads(line)
+            if "pid" not in msg:
+                raise ConnectionError(msg.get("error") or "zygote refused the call")
+        except (OSError, ValueError) as exc:
+            log.warning("warm start: zygote %s could not fork (%s); spawning normally", self.pid, exc)
+            if not isinstance(exc, ValueError) and "refused" not in str(exc):
+                self.broken = True
+            ours.close()
+            for fd in mine:
+                os.close(fd)
+            return None
+        self.calls += 1
+        return WarmProcess([self.launcher, script], int(msg["pid"]), ours, rest, in_w, out_r, err_r)
+
+
+class ZygoteUnavailable(Exception):
+    pass
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        log.warning("zygote %s: %s", proc.pid, raw.decode("utf-8", "replace").rstrip())
+
+
+_lock = threading.Lock()
+_zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
+_key_locks: dict[tuple, threading.Lock] = {}
+_failed_until: dict[tuple, float] = {}
+
+
+def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
+    boot = startup_env(env)
+    key = (launcher, tuple(sorted(boot.items())))
+    with _lock:
+        z = _zygotes.get(key)
+        if z is not None and z.alive():
+            _zygotes.move_to_end(key)
+            return z
+        if _failed_until.get(key, 0) > time.monotonic():
+            return None
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:
+        with _lock:
+            z = _zygotes.get(key)
+            if z is not None and z.alive():
+                return z
+        if z is not None:
+            log.warning("warm start: zygote %s for %s died; restarting it", z.pid, launcher)
+            z.stop()
+        z = Zygote(launcher, boot)
+        try:
+            z.start()
+        except (OSError, ZygoteUnavailable) as exc:
+            log.warning("warm start unavailable for %s: %s (hooks spawn normally)", launcher, exc)
+            with _lock:
+                _failed_until[key] = time.monotonic() + RETRY_AFTER_FAILURE_SECS
+                _zygotes.pop(key, None)
+            return None
+        evicted = []
+        with _lock:
+            _zygotes[key] = z
+            _zygotes.move_to_end(key)
+            while len(_zygotes) > MAX_ZYGOTES:
+                evicted.append(_zygotes.popitem(last=False)[1])
+    for old in evicted:
+        old.stop()
+    return z
+
+
+def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str], mem_bytes: int | None = None,
+          cpu_secs: int | None = None) -> WarmProcess | None:
+    """Fork the hook `argv = [python, script]` from its zygote; None means: spawn it normally instead."""
+    z = _get(argv[0], env)
+    if z is None:
+        return None
+    proc = z.fork(argv[1], cwd, env, mem_bytes, cpu_secs)
+    if proc is None and not z.alive():
+        z.stop()
+    return proc
+
+
+def zygote_pids() -> list[int]:
+    with _lock:
+        return [z.pid for z in _zygotes.values() if z.alive() and z.pid]
+
+
+def shutdown() -> None:
+    """Stop every zygote (worker exit, tests)."""
+    with _lock:
+        zs = list(_zygotes.values())
+        _zygotes.clear()
+        _failed_until.clear()
+    for z in zs:
+        z.stop()
+
+
+atexit.register(shutdown)

@@ -1,0 +1,332 @@
+"""The warm-start zygote: run as a *script* by the resolved python launcher (never imported by the worker).
+
+It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules,
+then waits on a SOCK_SEQPACKET control socket. Each request carries, as SCM_RIGHTS, a reply socket and the hook's
+stdin/stdout/stderr pipe ends; the JSON spec (script, cwd, env, limits) follows on the reply socket. The zygote
+forks; the child becomes exactly what `<python> <script>` would be (new session, PDEATHSIG, rlimits, stdio, cleared
+environment, cwd, sys.argv, sys.path[0], a fresh `__main__`) and runs the script. The zygote reports the child's
+pid, then its exit status, on the reply socket. Single-threaded on purpose: fork() from a threaded process is unsafe.
+
+Stdlib only, no imports from the engine package, compatible with any CPython >= 3.9 on Linux.
+"""
+
+import sys
+
+_BASELINE = frozenset(sys.modules)  # what a fresh interpreter of this launcher has loaded before any script runs
+
+import array  # noqa: E402
+import builtins  # noqa: E402
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402  (preloaded for hooks: the one module nearly every python hook imports)
+import json.decoder  # noqa: E402,F401
+import json.encoder  # noqa: E402,F401
+import os  # noqa: E402
+import resource  # noqa: E402
+import selectors  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import sysconfig  # noqa: E402
+import types  # noqa: E402
+from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
+
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9
+_SIGINT = 2
+_HEADER = struct.Struct("!I")
+_SPEC_TIMEOUT_SECS = 10.0
+
+
+def _stdlib_dirs():
+    paths = sysconfig.get_paths()
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
+    return tuple(d + os.sep for d in dirs)
+
+
+def _check_preloaded():
+    """Every module this zygote loaded beyond the baseline must be the interpreter's own stdlib (not a file a
+    PYTHONPATH entry shadows it with): otherwise children would see a module a fresh interpreter would not load."""
+    stdlib = _stdlib_dirs()
+    for name in set(sys.modules) - _BASELINE:
+        path = getattr(sys.modules[name], "__file__", None)
+        if path and not os.path.realpath(path).startswith(stdlib):
+            return f"module {name} loaded from {path}, outside the stdlib"
+    return None
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("reply socket closed before the spec arrived")
+        buf += chunk
+    return bytes(buf)
+
+
+def _send(sock, obj):
+    try:
+        sock.sendall((json.dumps(obj) + "\n").encode())
+    except OSError:
+        pass  # the worker gave up on this call; the child is reaped anyway
+
+
+def _serve(ctl):
+    """Fork children on request. Returns only inside a forked child, with what it needs to become the hook."""
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ, None)
+    children = {}  # pidfd -> (pid, reply socket)
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                try:
+                    msg, anc, _flags, _addr = ctl.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
+                except InterruptedError:
+                    continue
+                if not msg:  # the worker is gone: children die with us (PDEATHSIG)
+                    os._exit(0)
+                fds = array.array("i")
+                for level, kind, data in anc:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+                if len(fds) != 4:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                reply = socket.socket(fileno=fds[0])
+                stdio = list(fds[1:])
+                try:
+                    reply.settimeout(_SPEC_TIMEOUT_SECS)
+                    spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
+                    pid = os.fork()
+                except Exception as exc:
+                    _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
+                    reply.close()
+                    for fd in stdio:
+                        os.close(fd)
+                    continue
+                if pid == 0:
+                    sel.close()
+                    ctl.close()
+                    reply.detach()
+                    for pidfd, (_pid, other) in children.items():
+                        other.close()
+                        os.close(pidfd)
+                    return spec, stdio
+                for fd in stdio:
+                    os.close(fd)
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, reply)
+                sel.register(pidfd, selectors.EVENT_READ, "child")
+                _send(reply, {"pid": pid})
+            else:
+                pidfd = key.fd
+                sel.unregister(pidfd)
+                pid, reply = children.pop(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                _send(reply, {"rc": os.waitstatus_to_exitcode(status)})
+                reply.close()
+
+
+def _die(message, code):
+    try:
+        os.write(2, message.encode("utf-8", "replace"))
+    finally:
+        os._exit(code)
+
+
+def _setup_child(spec, stdio, zygote_pid, libc, extras_top):
+    """Everything Popen(start_new_session=True, close_fds=True, cwd=, env=, preexec_fn=sandbox) does, in order."""
+    os.setsid()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        if os.getppid() != zygote_pid:
+            os._exit(137)
+    if spec.get("mem"):
+        resource.setrlimit(resource.RLIMIT_AS, (spec["mem"], spec["mem"]))
+    if spec.get("cpu"):
+        resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu"], spec["cpu"] + 1))
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    for fd in stdio:
+        if fd > 2:
+            os.close(fd)
+    os.closerange(3, 65536)
+    try:
+        os.chdir(spec["cwd"])
+    except OSError as exc:
+        _die(f"warm start: cannot enter {spec['cwd']!r}: {exc}\n", 126)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    if hasattr(sys.modules.get("time"), "tzset"):
+        sys.modules["time"].tzset()
+
+    script = spec["script"]
+    old0 = sys.path[0] if sys.path else None
+    if not getattr(sys.flags, "safe_path", False):
+        script_dir = os.path.dirname(os.path.realpath(script))
+        if sys.path:
+            sys.path[0] = script_dir
+        else:
+            sys.path.insert(0, script_dir)
+        sys.path_importer_cache.pop(old0, None)
+        # A module the zygote preloaded but the script's own directory shadows (a local json.py): a fresh interpreter
+        # would import the local file, so forget every preloaded module and let imports run as they would.
+        if any(_shadowed(name, script_dir) for name in extras_top):
+            for name in list(sys.modules):
+                if name not in _BASELINE and name != "__main__":
+                    del sys.modules[name]
+    sys.argv = [script]
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = [spec["launcher"], script]
+
+
+def _shadowed(name, directory):
+    try:
+        found = PathFinder.find_spec(name, [directory])
+    except (ImportError, ValueError, OSError):
+        return False
+    return found is not None and found.origin is not None and found.loader is not None
+
+
+def _run_main(spec):
+    """Run the script as __main__ the way the interpreter's pymain does for `python script.py`; never returns."""
+    script = spec["script"]
+    try:
+        with open(script, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        _die(f"{spec['launcher']}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}\n", 2)
+    main = types.ModuleType("__main__")
+    main.__dict__.update({
+        "__loader__": SourceFileLoader("__main__", script), "__spec__": None, "__annotations__": {},
+        "__builtins__": builtins, "__file__": script, "__cached__": None,
+    })
+    sys.modules["__main__"] = main
+    forked_modules = set(sys.modules)
+    interrupted = False
+    try:
+        code = compile(source, script, "exec", dont_inherit=True)
+        del source
+        exec(code, main.__dict__)
+        status = 0
+    except SystemExit as exc:
+        status = _system_exit_status(exc)
+    except BaseException as exc:  # noqa: BLE001 - printed and exit status set like an uncaught exception
+        tb = exc.__traceback__.tb_next if not isinstance(exc, SyntaxError) else None
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException:  # noqa: BLE001
+            pass
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = 1
+        del exc, tb
+    _finalize(status, main, forked_modules, interrupted)
+
+
+def _system_exit_status(exc):
+    """What the interpreter makes of an uncaught SystemExit (Python/pythonrun.c handle_system_exit)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code  # the kernel keeps the low 8 bits, as for the interpreter's exit()
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _clear_module(module):
+    """CPython's _PyModule_ClearDict: names starting with one underscore first, then the rest, __builtins__ last."""
+    d = getattr(module, "__dict__", None)
+    if not isinstance(d, dict):
+        return
+    for names in ([k for k in d if isinstance(k, str) and k.startswith("_") and not k.startswith("__")],
+                  [k for k in d if not (isinstance(k, str) and k == "__builtins__")]):
+        for k in names:
+            try:
+                d[k] = None
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _flush_std(status):
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except Exception as exc:  # noqa: BLE001 - reported like the interpreter does, exit status 120
+            try:
+                os.write(2, f"Exception ignored in: {stream!r}\n{type(exc).__name__}: {exc}\n".encode())
+            except OSError:
+                pass
+            if name == "stdout" and status == 0:
+                status = 120
+    return status
+
+
+def _finalize(status, main, forked_modules, interrupted):
+    """Py_FinalizeEx for what the script created, then _exit.
+
+    The interpreter's own finalization would tear down every module the zygote preloaded too, writing to (and so
+    copying) every shared page: ~6 ms per call. Objects that existed at fork time are frozen (gc.freeze) and
+    belong to no script, so only the script's own are finalized, in the interpreter's order: non-daemon threads
+    joined, atexit callbacks, std streams flushed, the script's modules cleared (destructors run, files it left
+    open are flushed and closed), cycles collected, std streams flushed again.
+    """
+    threading = sys.modules.get("threading")
+    if threading is not None and hasattr(threading, "_shutdown"):
+        try:
+            threading._shutdown()
+        except BaseException:  # noqa: BLE001
+            pass
+    import atexit
+    atexit._run_exitfuncs()
+    status = _flush_std(status)
+    new = [m for name, m in list(sys.modules.items()) if name not in forked_modules]
+    sys.modules["__main__"] = None
+    _clear_module(main)
+    del main
+    for module in reversed(new):
+        _clear_module(module)
+    del new
+    gc.collect()
+    status = _flush_std(status)
+    if interrupted:
+        import signal
+        signal.signal(_SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), _SIGINT)
+    os._exit(status)
+
+
+def _main():
+    ctl = socket.socket(fileno=int(sys.argv[1]))
+    problem = _check_preloaded()
+    if problem or not hasattr(os, "pidfd_open") or not hasattr(os, "waitstatus_to_exitcode"):
+        ctl.send(json.dumps({"ready": False, "why": problem or "python too old for warm start"}).encode())
+        os._exit(3)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        libc = None
+    extras_top = sorted({n.partition(".")[0] for n in set(sys.modules) - _BASELINE
+                         if getattr(sys.modules[n], "__file__", None)})
+    zygote_pid = os.getpid()
+    gc.collect()
+    if hasattr(gc, "freeze"):
+        gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
+    ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
+    spec, stdio = _serve(ctl)
+    _setup_child(spec, stdio, zygote_pid, libc, extras_top)
+    return spec
+
+
+if __name__ == "__main__":
+    _spec = _main()
+    del _main, _serve, _setup_child
+    _run_main(_spec)
