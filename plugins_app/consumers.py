@@ -1,4 +1,5 @@
-"""Websockets: live stderr for one plugin (/ws/stderr/<plugin>/) or all (/ws/stderr/).
+"""Websockets: live stderr for one plugin (/ws/stderr/<plugin>/) or all (/ws/stderr/), and live metrics
+(/ws/metrics/?view=list|plugin|engine[&plugin=<name>]) as HTML fragments re-rendered from the database.
 
 HTML fragments for the htmx ws extension by default; `?format=json` sends {"seq","plugin","hook","line","ts"}.
 A (re)connecting client first gets the stored tail (lines with seq > `?after=`), then live lines; lines that
@@ -7,6 +8,7 @@ arrive while the tail is being sent are de-duplicated by seq. Accepts the sessio
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
@@ -16,6 +18,7 @@ from django.template.loader import render_to_string
 from plugins_app import events
 from plugins_app.auth import allows, lookup
 from plugins_app.models import Role
+from plugins_app.selectors import dashboard
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -79,3 +82,111 @@ class StderrConsumer(AsyncWebsocketConsumer):
         import json
 
         await self.send(text_data=json.dumps({k: ln.get(k) for k in ("seq", "plugin", "hook", "line", "ts")}))
+
+
+METRICS_VIEWS = ("list", "plugin", "engine")
+COALESCE_SECS = 0.25  # a burst of calls becomes one re-render
+
+
+class MetricsConsumer(AsyncWebsocketConsumer):
+    """Pushes re-rendered rows when workers report metrics.changed or a plugin's state changes.
+
+    view=list: plugin rows of the plugins page; view=plugin&plugin=<name>: that plugin's hook rows, state and
+    recent traces; view=engine: engine-wide per-hook totals and the chain. Every fragment is an hx-swap-oob
+    element, so the htmx ws extension swaps it by id."""
+
+    async def connect(self):
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        token = (query.get("token") or [None])[0]
+        self.view = (query.get("view") or ["list"])[0]
+        self.plugin = (query.get("plugin") or [None])[0]
+        if not await sync_to_async(_authorized)(self.scope, token):
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        if self.view not in METRICS_VIEWS or (self.view == "plugin" and not self.plugin):
+            await self.close(code=4400)
+            return
+        self.pending: dict[str, set[str]] = {}
+        self.state_changed: dict[str, str] = {}
+        self.flusher: asyncio.Task | None = None
+        self.groups_joined = [events.METRICS_GROUP, events.PLUGINS_GROUP]
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "flusher", None):
+            self.flusher.cancel()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        return
+
+    async def metrics_changed(self, event):
+        for change in event.get("changes", []):
+            plugin, hook = change.get("plugin"), change.get("hook")
+            if not plugin or (self.view == "plugin" and plugin != self.plugin):
+                continue
+            self.pending.setdefault(plugin, set()).add(hook)
+        self._schedule()
+
+    async def plugin_changed(self, event):
+        plugin = event.get("plugin")
+        if not plugin or (self.view == "plugin" and plugin != self.plugin):
+            return
+        self.state_changed[plugin] = event.get("what", "")
+        self.pending.setdefault(plugin, set())
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self.pending and (self.flusher is None or self.flusher.done()):
+            self.flusher = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(COALESCE_SECS)
+        pending, self.pending = self.pending, {}
+        states, self.state_changed = self.state_changed, {}
+        html = await sync_to_async(render_metrics_fragments)(self.view, pending, states)
+        if html.strip():
+            await self.send(text_data=html)
+        if self.pending:
+            self._schedule()
+
+
+def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: dict[str, str]) -> str:
+    """The OOB fragments one metrics consumer sends for a batch of changes (sync: reads the database)."""
+    parts: list[str] = []
+    if view == "list":
+        for name in sorted(pending):
+            row = dashboard.plugin_row(name)
+            what = states.get(name, "")
+            if row is None:
+                parts.append(f'<tr id="plugin-row-{_safe_id(name)}" hx-swap-oob="delete"></tr>')
+            elif what in ("created", "installed", "scaffolded"):
+                parts.append(render_to_string("plugins_app/partials/plugin_row_new.html", {"row": row}))
+            else:
+                parts.append(render_to_string("plugins_app/partials/plugin_row.html", {"row": row, "oob": True}))
+    elif view == "plugin":
+        for name in pending:
+            rows = dashboard.hook_rows(name)
+            parts.append(render_to_string("plugins_app/partials/hook_rows.html",
+                                          {"hook_rows": rows, "oob": True}))
+            parts.append(render_to_string("plugins_app/partials/trace_rows.html",
+                                          {"traces": dashboard.recent_traces(name), "oob": True}))
+            if name in states:
+                summary = dashboard.plugin_selectors.get_plugin(name)
+                if summary is not None:
+                    parts.append(render_to_string("plugins_app/partials/plugin_state.html",
+                                                  {"plugin": summary, "oob": True}))
+    else:
+        parts.append(render_to_string("plugins_app/partials/engine_hook_rows.html",
+                                      {"engine_hooks": dashboard.engine_hook_totals(), "oob": True}))
+        if states:
+            parts.append(render_to_string("plugins_app/partials/engine_chain.html",
+                                          {"engine": dashboard.engine_state(), "oob": True}))
+    return "\n".join(parts)
+
+
+def _safe_id(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

@@ -5,4 +5,5 @@ from plugins_app import consumers
 websocket_urlpatterns = [
     path("ws/stderr/", consumers.StderrConsumer.as_asgi()),
     re_path(r"^ws/stderr/(?P<plugin>[A-Za-z0-9][A-Za-z0-9_-]{0,127})/$", consumers.StderrConsumer.as_asgi()),
+    path("ws/metrics/", consumers.MetricsConsumer.as_asgi()),
 ]

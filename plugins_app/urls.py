@@ -1,15 +1,34 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from plugins_app.views import plugins as plugin_views
 from plugins_app.api import api
+from plugins_app.views import doctor as doctor_views
+from plugins_app.views import engine as engine_views
+from plugins_app.views import plugins as plugin_views
+from plugins_app.views import tokens as token_views
 
 api_urls = api.urls
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="plugins_app/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Plugins
     path("", plugin_views.plugin_list, name="plugin_list"),
+    path("create/", plugin_views.plugin_create, name="plugin_create"),
+    path("create/check-name/", plugin_views.plugin_check_name, name="plugin_check_name"),
+    path("install/", plugin_views.plugin_install, name="plugin_install"),
     path("plugins/<str:name>/", plugin_views.plugin_detail, name="plugin_detail"),
+    path("plugins/<str:name>/test-hook/", plugin_views.plugin_test_hook, name="plugin_test_hook"),
+    path("plugins/<str:name>/test-hook/example/", plugin_views.plugin_test_example, name="plugin_test_example"),
+    path("plugins/<str:name>/<str:action>/", plugin_views.plugin_action, name="plugin_action"),
+    # Context engine, doctor, tokens
+    path("engine/", engine_views.engine_page, name="engine"),
+    path("engine/config/", engine_views.engine_config, name="engine_config"),
+    path("engine/health/", engine_views.engine_health, name="engine_health"),
+    path("doctor/", doctor_views.doctor_page, name="doctor"),
+    path("tokens/", token_views.tokens_page, name="tokens"),
+    path("tokens/new/", token_views.token_create, name="token_create"),
+    path("tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token_revoke"),
+    # API
     path("api/", api_urls),
     # The same API under /api/v1/ (LibreFang mounts both); a separate namespace keeps reversing unambiguous.
     path("api/v1/", (api_urls[0], "api-v1", "api-v1")),

@@ -1,35 +1,233 @@
-"""Dashboard pages (server-rendered, htmx). Thin: they call selectors and services."""
+"""Dashboard pages for plugins (server-rendered, htmx). Thin: they call selectors and services."""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import Http404
-from django.shortcuts import render
+import asyncio
+import functools
+import json
+import time
 
-from engine.hooks import ALL_HOOKS
+from asgiref.sync import sync_to_async
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from engine.hooks import ALL_HOOKS, BOOTSTRAP
 from plugins_app import events
-from plugins_app.selectors import metrics as metric_selectors
+from plugins_app.forms import CreatePluginForm, InstallForm, TestHookForm
+from plugins_app.selectors import dashboard
 from plugins_app.selectors import plugins as plugin_selectors
+from plugins_app.selectors.examples import example_request
+from plugins_app.services import hooks as hook_service
+from plugins_app.services import plugins as plugin_service
+from plugins_app.services.engine import get_engine
+
+TEST_TIMEOUT_CAP_SECS = 120.0
+
+
+def actor(request) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+def role_required(role: str):
+    """Dashboard users map to API roles: superusers and the "owner" group are owners (create, install, run
+    hooks), staff are admins (reload, enable/disable, engine config), everyone else reads."""
+
+    def decorate(view):
+        if asyncio.iscoroutinefunction(view):
+            @functools.wraps(view)
+            async def async_wrapper(request, *args, **kwargs):
+                user = await request.auser()
+                if not await sync_to_async(dashboard.user_may)(user, role):
+                    return await sync_to_async(_forbidden)(request, role)
+                return await view(request, *args, **kwargs)
+            return async_wrapper
+
+        @functools.wraps(view)
+        def wrapper(request, *args, **kwargs):
+            if not dashboard.user_may(request.user, role):
+                return _forbidden(request, role)
+            return view(request, *args, **kwargs)
+        return wrapper
+    return decorate
+
+
+def _forbidden(request, role: str):
+    if request.headers.get("HX-Request"):
+        return render(request, "plugins_app/partials/action_feedback.html", {
+            "ok": False, "action": "not allowed", "message": f"this needs the {role} role"}, status=403)
+    return render(request, "plugins_app/forbidden.html", {"role": role}, status=403)
+
+
+def _lang(request) -> str | None:
+    return request.headers.get("Accept-Language")
 
 
 @login_required
+@require_GET
 def plugin_list(request):
-    plugins = plugin_selectors.list_plugins(request.headers.get("Accept-Language"))
-    hour = metric_selectors.last_hour()
-    rows = [{"plugin": p, "hour": hour.get(p.name)} for p in plugins]
+    filters = {"enabled": request.GET.get("enabled", ""), "errors": bool(request.GET.get("errors")),
+               "runtime": request.GET.get("runtime", "")}
+    if filters["enabled"] not in ("", "yes", "no"):
+        filters["enabled"] = ""
+    all_plugins = plugin_selectors.list_plugins(_lang(request))
+    rows = dashboard.plugin_rows(_lang(request), **filters)
     return render(request, "plugins_app/plugin_list.html", {
-        "rows": rows, "hooks": ALL_HOOKS, "chain": plugin_selectors.active_chain(),
+        "rows": rows, "total": len(all_plugins), "filters": filters, "hooks": ALL_HOOKS,
+        "runtimes": sorted({p.runtime for p in all_plugins if p.runtime}),
+        "chain": plugin_selectors.active_chain(),
     })
 
 
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
 @login_required
+@require_GET
 def plugin_detail(request, name: str):
-    plugin = plugin_selectors.get_plugin(name, request.headers.get("Accept-Language"))
+    plugin = plugin_selectors.get_plugin(name, _lang(request))
     if plugin is None:
         raise Http404(f"no plugin named {name}")
-    metrics = metric_selectors.metrics_by_plugin(name)["plugins"].get(name, {})
-    hook_rows = [{"hook": h, "script": plugin.hooks[h], "stats": metrics.get(h)} for h in ALL_HOOKS if plugin.hooks[h]]
+    declared = [h for h in ALL_HOOKS if plugin.hooks.get(h)]
+    entry = get_engine().catalog.get(name)
+    facts = []
+    if entry.plugin is not None:
+        hs = entry.plugin.manifest.hooks
+        facts = [("Hook timeout", f"{hs.hook_timeout_secs:g} s"), ("On failure", getattr(hs, "on_hook_failure", "")),
+                 ("Retries", getattr(hs, "max_retries", ""))]
     return render(request, "plugins_app/plugin_detail.html", {
-        "plugin": plugin, "hook_rows": hook_rows,
+        "plugin": plugin, "hook_rows": dashboard.hook_rows(name), "declared_hooks": declared,
+        "hook_names": declared, "example": _pretty(example_request(declared[0])) if declared else "",
+        "findings": dashboard.plugin_findings(name), "manifest_facts": facts, "raw_manifest": dashboard.raw_manifest(plugin.path),
+        "traces": dashboard.recent_traces(name), "audit": dashboard.audit(15, target=name),
         "stderr_backlog": events.tail(name)[-200:],
     })
+
+
+ACTIONS = ("reload", "enable", "disable")
+
+
+@login_required
+@require_POST
+@role_required("admin")
+def plugin_action(request, name: str, action: str):
+    if action not in ACTIONS:
+        raise Http404("unknown action")
+    try:
+        if action == "reload":
+            result = plugin_service.reload_plugin(name, actor(request))
+            message = result.get("message") or "Reloaded."
+            warnings = result.get("warnings") or []
+        else:
+            result = plugin_service.set_enabled(name, action == "enable", actor(request))
+            message = result.get("message") or f"{name} {action}d."
+            warnings = []
+        ok, details = True, warnings
+    except plugin_service.PluginError as exc:
+        ok, message, details = False, exc.message, exc.details if isinstance(exc.details, list) else []
+    plugin = plugin_selectors.get_plugin(name, _lang(request))
+    if not request.headers.get("HX-Request"):
+        return redirect("plugin_detail", name=name)
+    return render(request, "plugins_app/partials/action_feedback.html", {
+        "ok": ok, "message": message, "details": details, "plugin": plugin, "action": action,
+    }, status=200)
+
+
+def _test_timeout(name: str, hook: str) -> float:
+    entry = get_engine().catalog.get(name)
+    secs = 30.0
+    if entry.plugin is not None:
+        secs = float(entry.plugin.manifest.hooks.hook_timeout_secs)
+    if hook == BOOTSTRAP:
+        secs *= 2
+    return min(secs, TEST_TIMEOUT_CAP_SECS)
+
+
+def _installed(name: str):
+    return plugin_selectors.get_plugin(name)
+
+
+@login_required
+@role_required("owner")
+async def plugin_test_hook(request, name: str):
+    """Run one hook of this plugin through a worker with the console's JSON; show reply, stderr and timing."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    arender = sync_to_async(render)  # templates touch request.user lazily: render off the event loop
+    plugin = await sync_to_async(_installed)(name)
+    if plugin is None:
+        raise Http404(f"no plugin named {name}")
+    form = TestHookForm(request.POST)
+    if not form.is_valid():
+        return await arender(request, "plugins_app/partials/test_result.html", {"errors": form.errors})
+    hook, payload = form.cleaned_data["hook"], form.cleaned_data["payload"]
+    if not plugin.hooks.get(hook):
+        return await arender(request, "plugins_app/partials/test_result.html",
+                             {"errors": {"hook": [f"{name} does not declare the {hook} hook."]}})
+    timeout = await sync_to_async(_test_timeout)(name, hook)
+    started = time.monotonic()
+    result = await hook_service.test_hook(name, hook, payload, timeout)
+    waited_ms = round((time.monotonic() - started) * 1000, 1)
+    return await arender(request, "plugins_app/partials/test_result.html", {
+        "result": result, "hook": hook, "waited_ms": waited_ms,
+        "reply_json": _pretty(result.get("reply")) if result.get("reply") is not None else None,
+    })
+
+
+@login_required
+@require_GET
+def plugin_test_example(request, name: str):
+    hook = request.GET.get("hook", "")
+    if hook not in ALL_HOOKS:
+        return HttpResponse("unknown hook", status=400)
+    return render(request, "plugins_app/partials/test_payload.html", {"payload": _pretty(example_request(hook))})
+
+
+@login_required
+@role_required("owner")
+def plugin_create(request):
+    runtimes = dashboard.runtime_choices()
+    if request.method == "POST":
+        form = CreatePluginForm(request.POST)
+        if form.is_valid():
+            d = form.cleaned_data
+            try:
+                plugin_service.scaffold_plugin(d["name"], d["description"], d["runtime"], d["hooks"], actor(request))
+            except plugin_service.PluginError as exc:
+                form.add_error("name" if exc.code in ("already_exists", "invalid_name") else None, exc.message)
+            else:
+                return redirect("plugin_detail", name=d["name"])
+    else:
+        form = CreatePluginForm()
+    return render(request, "plugins_app/plugin_create.html", {"form": form, "runtimes": runtimes},
+                  status=400 if form.errors else 200)
+
+
+@login_required
+@require_GET
+def plugin_check_name(request):
+    """As-you-type name check for the create form (htmx)."""
+    name = request.GET.get("name", "")
+    return render(request, "plugins_app/partials/name_check.html",
+                  {"name": name.strip(), "problem": dashboard.name_problem(name)})
+
+
+@login_required
+@role_required("owner")
+def plugin_install(request):
+    result = error = None
+    if request.method == "POST":
+        form = InstallForm(request.POST)
+        if form.is_valid():
+            try:
+                result = plugin_service.install_plugin(form.source_dict(), actor(request))
+            except plugin_service.PluginError as exc:
+                error = exc
+            else:
+                return redirect("plugin_detail", name=result["name"])
+    else:
+        form = InstallForm()
+    return render(request, "plugins_app/plugin_install.html", {"form": form, "error": error},
+                  status=400 if (form.errors or error) else 200)
