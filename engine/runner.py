@@ -247,7 +247,7 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
     mem = call.max_memory_mb * 1024 * 1024 if call.max_memory_mb else None
     # ---- warm start (engine/warmstart.py, owned by the speed work): python hooks forked from a zygote ----------
     if warmstart.applies(call, argv):
-        warm = warmstart.spawn(argv, str(call.plugin_dir), build_env(call), mem, call.max_cpu_secs)
+        warm = warmstart.spawn(argv, str(call.plugin_dir), build_env(call), mem, call.max_cpu_secs, newnet)
         if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
             result = _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
             _label_limits(result, call)

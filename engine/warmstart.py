@@ -2,12 +2,13 @@
 
 The protocol's promise is kept: every call is still a fresh process (forked from a zygote that has never run plugin
 code), with the hook's cleared environment, cwd, rlimits, new session/process group, PDEATHSIG and stdio pipes set in
-the child exactly as `engine.runner` sets them for a spawned hook, and the script run as `__main__` with
+the child exactly as `engine.runner` sets them for a spawned hook (and the empty network namespace of
+`allow_network = false`), and the script run as `__main__` with
 `sys.argv = [script]` and `sys.path[0]` = its directory. The runner drives the child through the same loop as a
 spawned one (`WarmProcess` quacks like `subprocess.Popen`), so timeouts kill the whole group and stderr streams the
 same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by the resolved interpreter.
 
-When it does not apply (another runtime, a custom launcher, `allow_network = false`, `[hooks] warm_start = false`,
+When it does not apply (another runtime, a custom launcher, `[hooks] warm_start = false`,
 `LIBREFANG_WARM_START=0`) or the zygote is unavailable (it failed to start or died: it is restarted for later calls),
 `spawn()` returns None and the runner spawns the hook normally.
 """
@@ -57,7 +58,6 @@ def applies(call: Any, argv: Sequence[str]) -> bool:
     runtime = call.runtime
     return (
         getattr(call, "warm_start", True)
-        and getattr(call, "allow_network", True)
         and runtime.runtime.tag == "python"
         and not runtime.custom_launcher
         and len(argv) == 2
@@ -211,10 +211,10 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait(timeout=2)
 
-    def fork(self, script: str, cwd: str, env: Mapping[str, str], mem: int | None,
-             cpu: int | None) -> WarmProcess | None:
+    def fork(self, script: str, cwd: str, env: Mapping[str, str], mem: int | None, cpu: int | None,
+             new_netns: bool = False) -> WarmProcess | None:
         spec = json.dumps({"script": script, "cwd": cwd, "env": dict(env), "mem": mem, "cpu": cpu,
-                           "launcher": self.launcher}).encode()
+                           "newnet": bool(new_netns), "launcher": self.launcher}).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -318,12 +318,12 @@ def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
 
 
 def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str], mem_bytes: int | None = None,
-          cpu_secs: int | None = None) -> WarmProcess | None:
+          cpu_secs: int | None = None, new_netns: bool = False) -> WarmProcess | None:
     """Fork the hook `argv = [python, script]` from its zygote; None means: spawn it normally instead."""
     z = _get(argv[0], env)
     if z is None:
         return None
-    proc = z.fork(argv[1], cwd, env, mem_bytes, cpu_secs)
+    proc = z.fork(argv[1], cwd, env, mem_bytes, cpu_secs, new_netns)
     if proc is None and not z.alive():
         z.stop()
     return proc

@@ -33,6 +33,7 @@ from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
 _SIGINT = 2
+_CLONE_NEWNET = 0x40000000
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 
@@ -147,6 +148,8 @@ def _setup_child(spec, stdio, zygote_pid, libc, extras_top):
         resource.setrlimit(resource.RLIMIT_AS, (spec["mem"], spec["mem"]))
     if spec.get("cpu"):
         resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu"], spec["cpu"] + 1))
+    if spec.get("newnet") and (libc is None or libc.unshare(_CLONE_NEWNET) != 0):
+        os._exit(126)  # never run a network-denied hook with the network (as engine.runner's preexec)
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
     for fd in stdio:
@@ -215,6 +218,7 @@ def _run_main(spec):
         status = _system_exit_status(exc)
     except BaseException as exc:  # noqa: BLE001 - printed and exit status set like an uncaught exception
         tb = exc.__traceback__.tb_next if not isinstance(exc, SyntaxError) else None
+        exc.__traceback__ = tb  # the script's frames only, as the interpreter prints them
         try:
             sys.excepthook(type(exc), exc, tb)
         except BaseException:  # noqa: BLE001
