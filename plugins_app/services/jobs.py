@@ -32,6 +32,14 @@ def process(job: Job, stream: JobStream) -> str:
             payload = {**attempt.result.to_dict(), "trace_id": attempt.trace_id, "plugin": attempt.plugin,
                        "hook": attempt.hook}
             source, reason = job.plugin, (str(attempt.failure) if attempt.failure else "")
+        # ---- WASM tool execution (job kind "tool", see plugins_app/services/tools.py) ----
+        elif job.kind == "tool":
+            from plugins_app.services.tools import run_tool_job
+
+            payload = run_tool_job(job.request)
+            source = f"tool:{job.plugin}"
+            reason = str(payload.get("error") or payload.get("_tool_error", {}).get("message") or "")
+        # ---- end of the tool branch ----
         else:
             reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
             payload = reply.to_dict()

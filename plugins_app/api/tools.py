@@ -1,0 +1,160 @@
+"""WASM tool plugins (AgentZero ABI v2): list, execute (through a worker), install, package, enable/disable, remove.
+
+Roles: listing = agent or viewer and up; execute = agent or owner (it runs module code); install/package = owner;
+enable/disable/remove = admin and up, as for context-engine plugins.
+"""
+
+import json
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
+from ninja.security import HttpBearer
+
+from engine import wasm_tools as T
+from plugins_app.api.errors import ApiError, json_response
+from plugins_app.api.security import ADMIN, OWNER, actor
+from plugins_app.auth import allows, lookup
+from plugins_app.models import Role
+from plugins_app.schemas import ErrorEnvelope
+from plugins_app.selectors import tools as tool_selectors
+from plugins_app.services import tools as tool_service
+
+router = Router(tags=["tools"])
+ERRORS = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
+          413: ErrorEnvelope}
+
+
+class _Roles(HttpBearer):
+    """Valid when the token's role passes `check`; 403 with a clear message otherwise."""
+
+    def __init__(self, check, label: str):
+        super().__init__()
+        self.check = check
+        self.label = label
+
+    def authenticate(self, request, token: str):
+        found = lookup(token)
+        if found is None:
+            return None
+        if not self.check(found):
+            raise ApiError(403, "forbidden", f"this route needs {self.label}; the token has {found.role}")
+        return found
+
+
+READ = _Roles(lambda t: t.role == Role.AGENT or allows(t, Role.VIEWER), "an agent or viewer (or higher) role")
+RUN = _Roles(lambda t: t.role in (Role.AGENT, Role.OWNER), "the agent or owner role")
+
+
+def _tool_error(exc: T.ToolError) -> ApiError:
+    return ApiError(exc.status, exc.code, exc.message)
+
+
+def _json_body(request: HttpRequest) -> dict:
+    from django.conf import settings
+
+    if len(request.body) > settings.LIBREFANG_MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    return data
+
+
+def _upload(request: HttpRequest, field: str) -> bytes | None:
+    upload = request.FILES.get(field)
+    return upload.read() if upload is not None else None
+
+
+@router.get("", auth=READ, response={200: dict, **ERRORS}, operation_id="tools_list")
+def list_tools(request):
+    """Installed WASM tools (latest version of each) with state, capabilities, module name/schema and problems."""
+    return json_response({"tools": tool_selectors.list_tools(), "policy": tool_selectors.policy_summary(),
+                          "policy_error": tool_selectors.policy_error()})
+
+
+@router.post("/install", auth=OWNER, response={201: dict, **ERRORS}, operation_id="tools_install")
+def install(request):
+    """Install a tool package: the tar as the raw body (Content-Type application/x-tar) or a multipart `package`."""
+    data = _upload(request, "package")
+    if data is None:
+        if request.content_type and request.content_type.startswith("multipart/"):
+            raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
+        data = request.body
+    if not data:
+        raise ApiError(400, "validation_error", "send the package tar as the body or as a multipart `package` file")
+    try:
+        return json_response(tool_service.install(data, actor(request)), 201)
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+
+
+@router.post("/package", auth=OWNER, response=ERRORS, operation_id="tools_package")
+def package(request):
+    """Multipart `manifest` (manifest.json) + `wasm` (the module) → the package tar with wasm_sha256 recomputed."""
+    manifest, wasm = _upload(request, "manifest"), _upload(request, "wasm")
+    if manifest is None or wasm is None:
+        raise ApiError(400, "validation_error", "multipart fields `manifest` and `wasm` are both required")
+    try:
+        data = tool_service.package(manifest, wasm)
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+    name = f"{json.loads(manifest)['id']}.tar"  # package() validated the manifest
+    response = HttpResponse(data, content_type="application/x-tar")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@router.get("/{tool_id}", auth=READ, response={200: dict, **ERRORS}, operation_id="tools_get")
+def get_tool(request, tool_id: str):
+    try:
+        return json_response(tool_selectors.get_tool(tool_id))
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+
+
+@router.post("/{tool_id}/execute", auth=RUN, response={200: dict, **ERRORS, 503: ErrorEnvelope, 504: dict},
+             operation_id="tools_execute")
+async def execute(request, tool_id: str):
+    """`{"input": "..."}` → `{"output", "error"}` (AgentZero's tool result mapping), run by a worker.
+
+    `input` is the raw tool-call argument string; any other JSON value is passed as its JSON text. A module failure is
+    a 200 with `ok: false`, `output: ""` and `error` (plus `kind`); unknown tool 404, disabled 409, no worker 504.
+    """
+    data = _json_body(request)
+    if "input" not in data:
+        raise ApiError(400, "validation_error", "the body needs an `input` field (the tool-call argument string)")
+    try:
+        text = tool_service.check_input(data["input"])
+        status, body = await tool_service.execute(tool_id, text)
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+    return json_response(body, status)
+
+
+def _toggle(request, tool_id: str, enabled: bool):
+    try:
+        return json_response(tool_service.set_enabled(tool_id, enabled, actor(request)))
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+
+
+@router.post("/{tool_id}/enable", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_enable")
+def enable(request, tool_id: str):
+    return _toggle(request, tool_id, True)
+
+
+@router.post("/{tool_id}/disable", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_disable")
+def disable(request, tool_id: str):
+    return _toggle(request, tool_id, False)
+
+
+@router.delete("/{tool_id}", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_remove")
+def remove(request, tool_id: str, version: str | None = None):
+    try:
+        removed = tool_service.remove(tool_id, actor(request), version)
+    except T.ToolError as exc:
+        raise _tool_error(exc) from exc
+    return json_response({"removed": removed, "id": tool_id})
