@@ -1,0 +1,94 @@
+"""Issue 6 end to end: a wasm ingest hook answers a REST call through the real worker, its az_log line arrives on the
+stderr websocket; a WASM tool is installed and executed over REST by a worker."""
+
+import asyncio
+import json
+import time
+import urllib.parse
+
+import websockets
+
+from engine import wasm as W
+from engine import wasm_tools as T
+from tests.fixtures.wasm.wat import compile_wat, fixture_wasm, tool_manifest
+from tests.plugin_factory import write_config
+
+REPLY = {"type": "ingest_result", "memories": [{"content": "remembered by wasm"}]}
+
+
+async def _first_line(url: str, timeout: float) -> dict | None:
+    async with websockets.connect(url) as ws:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                msg = json.loads(await asyncio.wait_for(ws.recv(), timeout=end - time.monotonic()))
+            except TimeoutError:
+                return None
+            if "line" in msg:
+                return msg
+    return None
+
+
+def test_it_answers_ingest_from_a_wasm_hook_and_streams_its_az_log_line(live):
+    pdir = live.home / "plugins" / "wasm-e2e"
+    (pdir / "hooks").mkdir(parents=True)
+    (pdir / "hooks" / "ingest.wasm").write_bytes(compile_wat(W.hook_wat("wasm-e2e: ingest says hi", REPLY)))
+    (pdir / "plugin.toml").write_text('name = "wasm-e2e"\nversion = "0.1.0"\n[hooks]\nruntime = "wasm"\n'
+                                      'ingest = "hooks/ingest.wasm"\n')
+    write_config(live.home, plugin="wasm-e2e")
+    url = f"{live.ws_url}/ws/stderr/wasm-e2e/?format=json&token={urllib.parse.quote(live.token)}"
+
+    async def scenario():
+        collector = asyncio.create_task(_first_line(url, 20))
+        await asyncio.sleep(0.5)  # let the websocket join its group first
+        result = await asyncio.to_thread(live.hook, "ingest", {"agent_id": "a1", "message": "hello"})
+        return result, await collector
+
+    (status, body), line = asyncio.run(scenario())
+    assert status == 200, body
+    assert body["source"] == "wasm-e2e" and "fallback_reason" not in body
+    assert {"content": "remembered by wasm", "scope": "hook"} in body["memories"]
+    assert line is not None, "no stderr line arrived on the websocket"
+    assert line["line"] == "[INFO] wasm-e2e: ingest says hi"
+    assert line["plugin"] == "wasm-e2e" and line["hook"] == "ingest"
+    status, metrics = live.request("GET", "/api/context-engine/metrics")
+    assert metrics["plugins"]["wasm-e2e"]["ingest"]["successes"] >= 1
+
+
+def test_it_falls_back_when_a_wasm_hook_loops_and_keeps_serving(live):
+    pdir = live.home / "plugins" / "wasm-spin"
+    (pdir / "hooks").mkdir(parents=True)
+    (pdir / "hooks" / "ingest.wasm").write_bytes(fixture_wasm("loop"))
+    (pdir / "plugin.toml").write_text('name = "wasm-spin"\n[hooks]\nruntime = "wasm"\nhook_timeout_secs = 0.3\n'
+                                      'ingest = "hooks/ingest.wasm"\n')
+    write_config(live.home, plugin="wasm-spin")
+    status, body = live.hook("ingest", {"agent_id": "a1", "message": "hello"})
+    assert status == 200 and body["source"] == "default" and "timeout" in body["fallback_reason"]
+    status, health = live.request("GET", "/api/health")
+    assert status == 200 and health["workers"]
+
+
+def test_it_installs_and_executes_a_wasm_tool_over_rest(live):
+    wasm = fixture_wasm("echo")
+    data = T.package(tool_manifest("echo-e2e", wasm), wasm)
+    status, body = live.request("POST", "/api/tools/install", raw=data, headers={"Content-Type": "application/x-tar"})
+    assert status == 201, body
+    status, body = live.request("POST", "/api/tools/echo-e2e/execute", {"input": '{"task":"hello"}'})
+    assert status == 200, body
+    assert body["output"] == "echo:ok" and body["error"] is None and body["ok"] is True
+    status, listing = live.request("GET", "/api/tools")
+    assert "echo-e2e" in [t["id"] for t in listing["tools"]]
+
+
+def test_it_stops_a_looping_tool_within_the_policy_limit(live):
+    wasm = fixture_wasm("loop")
+    data = T.package(tool_manifest("spin-e2e", wasm), wasm)
+    assert live.request("POST", "/api/tools/install", raw=data,
+                        headers={"Content-Type": "application/x-tar"})[0] == 201
+    (live.home / "config.toml").write_text('[runtime.wasm]\nmax_execution_ms = 200\n')
+    try:
+        status, body = live.request("POST", "/api/tools/spin-e2e/execute", {"input": "x"})
+        assert status == 200, body
+        assert body["ok"] is False and body["kind"] == "timeout" and "exceeded time limit (200 ms)" in body["error"]
+    finally:
+        (live.home / "config.toml").unlink()
