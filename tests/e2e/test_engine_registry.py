@@ -1,0 +1,83 @@
+"""Registry-shaped plugins (research §12) through the real service: python, stdlib only, state under ~ (HOME),
+`{"memories"}` replies without `type`, list-of-blocks content, and an after_turn -> ingest round trip that recalls
+what was stored, via daphne + Redis + the worker."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.plugin_factory import make_plugin, write_config
+
+# Modelled on auto-summarizer / todo-tracker: after_turn writes ~/.librefang/plugins/<name>/<agent>.json and also
+# returns memories for the host's store; ingest reads the state file back. No `type` anywhere.
+AFTER_TURN = """
+import json, os, sys
+
+def text_of(content):
+    if isinstance(content, str):
+        return content
+    return " ".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+req = json.load(sys.stdin)
+agent = req["agent_id"]
+todos = [text_of(m["content"]).split("TODO:", 1)[1].strip() for m in req["messages"]
+         if m["role"] == "user" and "TODO:" in text_of(m["content"])]
+state_dir = os.path.join(os.path.expanduser("~"), ".librefang", "plugins", "todo-tracker")
+os.makedirs(state_dir, exist_ok=True)
+with open(os.path.join(state_dir, agent + ".json"), "w") as fh:
+    json.dump({"todos": todos}, fh)
+print(json.dumps({"memories": [{"content": "Pending task: " + t} for t in todos]}))
+"""
+
+INGEST = """
+import json, os, sys
+req = json.load(sys.stdin)
+path = os.path.join(os.path.expanduser("~"), ".librefang", "plugins", "todo-tracker", req["agent_id"] + ".json")
+todos = json.load(open(path))["todos"] if os.path.exists(path) else []
+print(json.dumps({"memories": [{"content": "Open todos: " + ", ".join(todos)}] if todos else []}))
+"""
+
+
+def test_it_runs_a_registry_shaped_plugin_unmodified_with_an_after_turn_to_ingest_round_trip(live, tmp_path):
+    fake_home = tmp_path / "user-home"
+    fake_home.mkdir()
+    make_plugin(live.home / "plugins", "todo-tracker", {"after_turn": AFTER_TURN, "ingest": INGEST},
+                top_extra=f'[env]\nHOME = "{fake_home}"\n\n[i18n.zh]\nname = "待办跟踪"')
+    # the registry's manifests have no runtime line at all: rewrite ours the same way
+    toml = live.home / "plugins" / "todo-tracker" / "plugin.toml"
+    toml.write_text(toml.read_text().replace('runtime = "python"\n', ""))
+    write_config(live.home, plugin="todo-tracker")
+    agent = f"agent-{time.monotonic_ns()}"
+    turn = [
+        {"role": "user", "content": [{"type": "text", "text": "TODO: renew the kafka certificate"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Noted."},
+                                          {"type": "tool_use", "id": "t1", "name": "note", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "tool_name": "note",
+                                      "content": "ok", "is_error": False, "status": "success"}]},
+    ]
+    status, body = live.hook("after_turn", {"agent_id": agent, "peer_id": "u1", "messages": turn})
+    assert status == 202, body
+
+    state = fake_home / ".librefang" / "plugins" / "todo-tracker" / f"{agent}.json"
+    deadline = time.monotonic() + 60
+    memories: list = []
+    while time.monotonic() < deadline:
+        status, reply = live.hook("ingest", {"agent_id": agent, "peer_id": "u1",
+                                             "message": "what about the kafka certificate?"})
+        assert status == 200, reply
+        memories = reply["memories"]
+        if len(memories) == 2:
+            break
+        time.sleep(0.3)
+    assert json.loads(state.read_text()) == {"todos": ["renew the kafka certificate"]}
+    # the after_turn memory, recalled by the default engine's full-text search, then the plugin's own memory
+    assert memories == [
+        {"content": "Pending task: renew the kafka certificate", "scope": "default_recall", "source": "todo-tracker",
+         "score": memories[0]["score"]},
+        {"content": "Open todos: renew the kafka certificate", "scope": "hook"},
+    ]
+    assert reply["source"] == "todo-tracker"
+    # another agent shares nothing
+    status, other = live.hook("ingest", {"agent_id": agent + "-other", "message": "kafka certificate"})
+    assert other["memories"] == []
