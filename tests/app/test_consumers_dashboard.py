@@ -1,0 +1,164 @@
+"""Websocket consumers with channels' WebsocketCommunicator over the real Redis channel layer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from plugins_app import events
+from plugins_app.models import HookMetric
+from plugins_app.routing import websocket_urlpatterns
+from plugins_app.services.tokens import create_token
+from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+APP = URLRouter(websocket_urlpatterns)
+
+
+async def _connect(path: str, user=None) -> tuple[WebsocketCommunicator, bool, int | None]:
+    comm = WebsocketCommunicator(APP, path)
+    comm.scope["user"] = user if user is not None else AnonymousUser()
+    connected, code = await comm.connect(timeout=5)
+    return comm, connected, code
+
+
+@pytest.fixture
+def user(db):
+    return User.objects.create_user("watcher", "", "pw")
+
+
+async def test_it_closes_unauthenticated_stderr_sockets_with_4401(home):
+    for path in ("/ws/stderr/", "/ws/stderr/alpha/", "/ws/stderr/alpha/?token=wrong"):
+        comm, connected, code = await _connect(path)
+        assert not connected and code == 4401, path
+        await comm.disconnect()
+
+
+async def test_it_closes_unauthenticated_metrics_sockets_with_4401(home):
+    comm, connected, code = await _connect("/ws/metrics/?view=list")
+    assert not connected and code == 4401
+    await comm.disconnect()
+
+
+async def test_it_refuses_agent_tokens_but_accepts_viewer_tokens(home):
+    _t, agent = await sync_to_async(create_token)("a", "agent")
+    _t, viewer = await sync_to_async(create_token)("v", "viewer")
+    comm, connected, code = await _connect(f"/ws/metrics/?view=list&token={agent}")
+    assert not connected and code == 4401
+    await comm.disconnect()
+    comm, connected, _ = await _connect(f"/ws/metrics/?view=list&token={viewer}")
+    assert connected
+    await comm.disconnect()
+
+
+async def test_it_refuses_an_unknown_metrics_view(home, user):
+    comm, connected, code = await _connect("/ws/metrics/?view=nope", user)
+    assert not connected and code == 4400
+    await comm.disconnect()
+    comm, connected, code = await _connect("/ws/metrics/?view=plugin", user)  # plugin= missing
+    assert not connected and code == 4400
+    await comm.disconnect()
+
+
+async def test_it_streams_group_lines_as_html_fragments(home, user):
+    comm, connected, _ = await _connect("/ws/stderr/alpha/?after=999999999", user)
+    assert connected
+    line = {"seq": 10**9 + 1, "plugin": "alpha", "hook": "ingest", "line": "<b>hello</b>", "ts": 1.0}
+    await get_channel_layer().group_send(events.stderr_group("alpha"), {"type": "stderr.lines", "lines": [line]})
+    html = await comm.receive_from(timeout=5)
+    assert 'id="stderr-lines" hx-swap-oob="beforeend"' in html
+    assert f'data-seq="{10**9 + 1}"' in html and "&lt;b&gt;hello&lt;/b&gt;" in html
+    # the same line again (two workers, a re-sent batch): never repeated
+    await get_channel_layer().group_send(events.stderr_group("alpha"), {"type": "stderr.lines", "lines": [line]})
+    assert await comm.receive_nothing(timeout=0.5)
+    # another plugin's group is not ours
+    await get_channel_layer().group_send(events.stderr_group("beta"),
+                                         {"type": "stderr.lines", "lines": [{**line, "seq": line["seq"] + 1}]})
+    assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
+
+
+async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):
+    pub = events.publisher()
+    for i in range(3):
+        pub.line("gamma", "assemble", f"line {i}", "t" * 16)
+    await sync_to_async(pub.flush)()
+    tail = await sync_to_async(events.tail)("gamma")
+    assert [x["line"] for x in tail][-3:] == ["line 0", "line 1", "line 2"]
+    first_seq = tail[-3]["seq"]
+    comm, connected, _ = await _connect(f"/ws/stderr/gamma/?format=json&after={first_seq}", user)
+    assert connected
+    got = [json.loads(await comm.receive_from(timeout=5)) for _ in range(2)]
+    assert [g["line"] for g in got] == ["line 1", "line 2"]  # only lines after the seq the client already has
+    assert set(got[0]) == {"seq", "plugin", "hook", "line", "ts"}
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_it_pushes_re_rendered_plugin_rows_on_metrics_changed(home, user):
+    await sync_to_async(make_plugin)(home.plugins_dir, "delta", {"ingest": PY_ECHO_INGEST})
+    comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
+    assert connected
+    await sync_to_async(HookMetric.objects.create)(plugin="delta", hook="ingest", calls=7, successes=7)
+    from django.utils import timezone
+
+    from plugins_app.models import HookMetricBucket
+
+    await sync_to_async(HookMetricBucket.objects.create)(
+        plugin="delta", hook="ingest", minute=timezone.now().replace(second=0, microsecond=0), calls=7,
+        latency_ms_total=70, histogram={"10": 7})
+    await get_channel_layer().group_send(events.METRICS_GROUP, {"type": "metrics.changed",
+                                                                "changes": [{"plugin": "delta", "hook": "ingest"}]})
+    html = await comm.receive_from(timeout=5)
+    assert '<tr id="plugin-row-delta" hx-swap-oob="outerHTML"' in html
+    assert 'data-metric="calls">7<' in html
+    await comm.disconnect()
+
+
+async def test_it_pushes_hook_rows_and_state_for_the_plugin_view_only(home, user):
+    await sync_to_async(make_plugin)(home.plugins_dir, "eps", {"ingest": PY_ECHO_INGEST})
+    comm, connected, _ = await _connect("/ws/metrics/?view=plugin&plugin=eps", user)
+    assert connected
+    layer = get_channel_layer()
+    await layer.group_send(events.METRICS_GROUP, {"type": "metrics.changed",
+                                                  "changes": [{"plugin": "other", "hook": "ingest"}]})
+    assert await comm.receive_nothing(timeout=0.6)  # not this plugin
+    await layer.group_send(events.PLUGINS_GROUP, {"type": "plugin.changed", "plugin": "eps", "what": "disabled"})
+    html = await comm.receive_from(timeout=5)
+    assert '<tbody id="hook-rows" hx-swap-oob="outerHTML">' in html
+    assert 'id="trace-rows" hx-swap-oob="outerHTML"' in html
+    assert 'id="plugin-state" hx-swap-oob="outerHTML"' in html
+    await comm.disconnect()
+
+
+async def test_it_pushes_engine_totals_for_the_engine_view(home, user):
+    comm, connected, _ = await _connect("/ws/metrics/?view=engine", user)
+    assert connected
+    await sync_to_async(HookMetric.objects.create)(plugin="zeta", hook="compact", calls=4, failures=1)
+    await get_channel_layer().group_send(events.METRICS_GROUP, {"type": "metrics.changed",
+                                                                "changes": [{"plugin": "zeta", "hook": "compact"}]})
+    html = await comm.receive_from(timeout=5)
+    assert '<tbody id="engine-hook-rows" hx-swap-oob="outerHTML">' in html
+    row = html.split('id="engine-hook-compact"')[1].split("</tr>")[0]
+    assert 'data-metric="calls">4<' in row and "25.0 %" in row
+    await comm.disconnect()
+
+
+async def test_it_coalesces_a_burst_of_changes_into_one_message(home, user):
+    await sync_to_async(make_plugin)(home.plugins_dir, "eta", {"ingest": PY_ECHO_INGEST})
+    comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
+    assert connected
+    layer = get_channel_layer()
+    for _ in range(5):
+        await layer.group_send(events.METRICS_GROUP, {"type": "metrics.changed",
+                                                      "changes": [{"plugin": "eta", "hook": "ingest"}]})
+    html = await comm.receive_from(timeout=5)
+    assert html.count('id="plugin-row-eta"') == 1
+    assert await comm.receive_nothing(timeout=0.6)
+    await comm.disconnect()
