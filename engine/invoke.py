@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine import protocol as P
@@ -168,6 +172,29 @@ def write_config_file(plugin: Any, home: Home):
     return path
 
 
+_state_locks: dict[str, threading.Lock] = {}
+_state_locks_guard = threading.Lock()
+
+
+def shared_state_file(home: Home, plugin: str, agent_id: str) -> Path:
+    """`enable_shared_state`: one JSON file per plugin and agent, created as {} (LIBREFANG_STATE_FILE)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", agent_id or "_")[:128] or "_"
+    path = home.data_dir(plugin) / "agents" / safe / "state.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(path, "x") as fh:
+                fh.write("{}")
+        except FileExistsError:
+            pass
+    return path
+
+
+def _state_lock(path: Path) -> threading.Lock:
+    with _state_locks_guard:
+        return _state_locks.setdefault(str(path), threading.Lock())
+
+
 # Failures a retry cannot fix.
 PERMANENT_FAILURES = frozenset({P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND, P.LAUNCHER_NOT_FOUND, P.INVALID_INPUT,
                                 P.MANIFEST_INVALID, P.INTEGRITY_FAILED, P.HOOK_NOT_DECLARED, P.INVALID_OUTPUT})
@@ -199,6 +226,18 @@ def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocat
     attempts = 1 + (settings.max_retries if retries is None else retries)
     result = HookResult(False)
     attempt_warnings: list[str] = list(warnings)
+    guard: Any = contextlib.nullcontext()
+    if settings.enable_shared_state:
+        state = shared_state_file(home, entry.name, agent_id)
+        call.extra_env = {**call.extra_env, "LIBREFANG_STATE_FILE": str(state)}
+        guard = _state_lock(state)  # calls sharing a state file are serialised (in this process, like LibreFang)
+    with guard:
+        return _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id,
+                         warnings, judge, sleep, trace_id, started_wall, result, attempt_warnings)
+
+
+def _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id, warnings,
+              judge, sleep, trace_id, started_wall, result, attempt_warnings) -> Attempt:
     for n in range(attempts):
         if n:
             sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)

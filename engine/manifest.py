@@ -143,11 +143,19 @@ class Manifest(BaseModel):
         return resolve_tag(self.hooks.runtime)
 
     def display_name(self, lang: str | None = None) -> str:
+        """[i18n] name for an Accept-Language value: exact tag, then its base tag (zh-TW -> zh), then English."""
         for key in _lang_candidates(lang):
             entry = self.i18n.get(key)
             if entry and entry.name:
                 return entry.name
         return self.name
+
+    def display_description(self, lang: str | None = None) -> str:
+        for key in _lang_candidates(lang):
+            entry = self.i18n.get(key)
+            if entry and entry.description:
+                return entry.description
+        return self.description
 
 
 def _lang_candidates(lang: str | None) -> list[str]:

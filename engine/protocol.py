@@ -54,6 +54,7 @@ PLUGIN_NOT_FOUND = "plugin_not_found"
 DEADLINE_EXCEEDED = "deadline_exceeded"
 WORKER_UNAVAILABLE = "worker_unavailable"
 ABORTED = "aborted"
+CIRCUIT_OPEN = "circuit_open"
 
 
 @dataclass

@@ -137,7 +137,9 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
         env.update({"no_proxy": "*", "NO_PROXY": "*", "http_proxy": "", "https_proxy": "", "HTTP_PROXY": "",
                     "HTTPS_PROXY": "", "LIBREFANG_SANDBOX": "1"})
     if not call.allow_filesystem:
+        # LibreFang's markers for allow_filesystem = false: HOME points nowhere (it overrides [env] HOME too).
         env["LIBREFANG_READONLY_FS"] = "1"
+        env["HOME"] = "/dev/null"
     return env
 
 

@@ -31,6 +31,7 @@ from engine.ports import (
     Summarizer,
 )
 from engine.requests import normalise
+from engine.runner import HookResult
 
 log = logging.getLogger("librefang.engine")
 
@@ -111,6 +112,37 @@ class TtlCache:
                 del self._data[k]
 
 
+class CircuitBreakers:
+    """`circuit_breaker = {max_failures, reset_secs}`: after max_failures consecutive failures of one plugin's hook
+    for one agent, calls fail fast (circuit_open) until reset_secs pass; then one probe call decides. In memory per
+    worker process (LibreFang persists it in SQLite; a worker restart closes every circuit here)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._state: dict[tuple[str, str, str], tuple[int, float]] = {}  # key -> (consecutive failures, opened at)
+        self._lock = threading.Lock()
+
+    def check(self, key: tuple[str, str, str], max_failures: int, reset_secs: float) -> str | None:
+        """None when the call may go ahead; otherwise why it may not."""
+        with self._lock:
+            failures, opened = self._state.get(key, (0, 0.0))
+            if failures < max_failures:
+                return None
+            remaining = opened + reset_secs - self.clock()
+            if remaining <= 0:
+                self._state[key] = (failures, self.clock())  # half-open: this call is the probe
+                return None
+            return f"circuit open after {failures} consecutive failures; retrying in {remaining:.0f}s"
+
+    def record(self, key: tuple[str, str, str], ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._state.pop(key, None)
+            else:
+                failures, _ = self._state.get(key, (0, 0.0))
+                self._state[key] = (failures + 1, self.clock())
+
+
 CACHE_TTL_FIELD = {H.INGEST: "hook_cache_ttl_secs", H.ASSEMBLE: "assemble_cache_ttl_secs",
                    H.COMPACT: "compact_cache_ttl_secs"}
 # Hooks that carry an agent id and honour only_for_agent_ids (LibreFang: ingest, assemble, compact, after_turn,
@@ -130,6 +162,7 @@ class ContextEngine:
         self.config = config or ConfigCache(deps.home.config_path)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="stack")
         self.cache = TtlCache()
+        self.breakers = CircuitBreakers()
         # bootstrap overrides per plugin, kept for this process's lifetime (as LibreFang keeps them in the engine)
         self.overrides: dict[str, Overrides] = {}
         self._sleep: Callable[[float], None] = time.sleep
@@ -236,9 +269,17 @@ class ContextEngine:
             hit = self.cache.get(key)
             if hit is not None:
                 return Attempt(name, hook, hit, "", cached=True)
+        breaker = plugin.manifest.hooks.circuit_breaker
+        bkey = (name, agent, hook)
+        if breaker is not None:
+            why = self.breakers.check(bkey, breaker.max_failures, breaker.reset_secs)
+            if why is not None:
+                return Attempt(name, hook, HookResult(False, failure=P.Failure(P.CIRCUIT_OPEN, why)), "")
         attempt = invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
                          agent_id=agent, job_id=job_id, allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars),
                          overrides=self.overrides.get(name), judge=judge, sleep=self._sleep)
+        if breaker is not None:
+            self.breakers.record(bkey, attempt.ok)
         if key is not None and attempt.ok and ttl:
             self.cache.put(key, attempt.result, float(ttl))
         return attempt

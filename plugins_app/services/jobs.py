@@ -44,6 +44,8 @@ def process(job: Job, stream: JobStream) -> str:
             reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
             payload = reply.to_dict()
             source, reason = reply.source, reply.fallback_reason or ""
+            if reply.aborted and reply.error:  # on_hook_failure = "abort": the agent gets an error, not a fallback
+                reason = f"aborted: {reply.error.get('plugin')}: {reply.error.get('cause')}: {reply.error.get('message')}"
     except Exception as exc:  # an engine bug must not kill the worker or lose the job's answer
         log.exception("job %s (%s) failed", job.id, job.hook)
         if job.wants_reply:

@@ -330,3 +330,35 @@ def test_a_timed_out_hook_falls_back_with_a_classified_reason(engine, ehome):
     reply = engine.handle("ingest", {"message": "x"})
     assert reply.source == "default"
     assert reply.fallback_reason == "slow: timeout: hook did not finish within 0.5s; its process group was killed"
+
+
+def test_circuit_breaker_fails_fast_after_max_failures_then_probes_after_reset(engine, ehome, sinks):
+    single(ehome, "cb", {"ingest": FAIL}, toml_extra="circuit_breaker = { max_failures = 2, reset_secs = 60 }")
+    now = [1000.0]
+    engine.breakers.clock = lambda: now[0]
+    for _ in range(2):
+        assert engine.handle("ingest", {"agent_id": "a", "message": "x"}).fallback_reason.startswith("cb: script_error")
+    reply = engine.handle("ingest", {"agent_id": "a", "message": "x"})
+    assert reply.fallback_reason == "cb: circuit_open: circuit open after 2 consecutive failures; retrying in 60s"
+    assert len(sinks["invocations"].items) == 2  # the hook did not run
+    assert engine.handle("ingest", {"agent_id": "b", "message": "x"}).fallback_reason.startswith("cb: script_error")
+    now[0] += 61
+    assert engine.handle("ingest", {"agent_id": "a", "message": "x"}).fallback_reason.startswith("cb: script_error")
+    assert engine.handle("ingest", {"agent_id": "a", "message": "x"}).fallback_reason.startswith("cb: circuit_open")
+
+
+def test_shared_state_gives_each_agent_its_own_state_file(engine, ehome):
+    src = """
+    import json, os, sys
+    sys.stdin.read()
+    path = os.environ["LIBREFANG_STATE_FILE"]
+    state = json.load(open(path))
+    state["n"] = state.get("n", 0) + 1
+    json.dump(state, open(path, "w"))
+    print(json.dumps({"memories": [{"content": f"call {state['n']}"}]}))
+    """
+    single(ehome, "stateful", {"ingest": src}, toml_extra="enable_shared_state = true")
+    got = [engine.handle("ingest", {"agent_id": agent, "message": "x"}).result["memories"][0]["content"]
+           for agent in ("a/1", "a/1", "b")]
+    assert got == ["call 1", "call 2", "call 1"]
+    assert json.loads((ehome.data_dir("stateful") / "agents" / "a_1" / "state.json").read_text()) == {"n": 2}

@@ -364,3 +364,10 @@ def test_it_runs_python_hooks_with_the_plugins_venv(pdir, tmp_path):
     assert r.reply == [str(venv), str(venv)]
     r = run(pdir, src + "", venv_dir=None)
     assert r.failure is not None or r.reply[0] != str(venv)
+
+
+def test_allow_filesystem_false_sets_librefangs_markers(pdir):
+    r = run(pdir, ENV_DUMP, allow_filesystem=False, plugin_env={"HOME": "/custom"})
+    assert r.reply["env"]["HOME"] == "/dev/null" and r.reply["env"]["LIBREFANG_READONLY_FS"] == "1"
+    r = run(pdir, ENV_DUMP, plugin_env={"HOME": "/custom"})
+    assert r.reply["env"]["HOME"] == "/custom" and "LIBREFANG_READONLY_FS" not in r.reply["env"]
