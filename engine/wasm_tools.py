@@ -366,8 +366,64 @@ def get_tool(home: Home, tool_id: str) -> InstalledTool:
     raise ToolError(f"unknown tool {tool_id!r}", code="not_found", status=404)
 
 
+INFO_FILE = "tool-info.json"
+_sha_cache: dict[tuple, str] = {}
+
+
+def module_sha256(path: Path) -> str | None:
+    """sha256 of a module file (hashing only, no code runs); cached by (path, mtime, size, inode)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    sha = _sha_cache.get(key)
+    if sha is None:
+        try:
+            sha = _sha_cache[key] = sha256_hex(path.read_bytes())
+        except OSError:
+            return None
+    return sha
+
+
+def info_path(tool: InstalledTool) -> Path:
+    return tool.dir / ".cache" / INFO_FILE
+
+
+def refresh_info(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
+    """Ask the module for az_tool_name/az_tool_schema (this RUNS module code: workers only) and store the answer
+    next to it, keyed by the module's sha256, for readers that must not run plugin code (the web tier)."""
+    if tool.manifest is None or tool.wasm_path is None:
+        return {}
+    try:
+        meta = W.describe(tool.wasm_path, policy, tool.manifest.capabilities)
+        info = {"sha256": meta["sha256"], "name": meta["name"], "schema": meta["schema"], "error": None}
+    except W.WasmError as exc:
+        info = {"sha256": module_sha256(tool.wasm_path), "name": None, "schema": None, "error": exc.message}
+    path = info_path(tool)
+    try:
+        if not path.exists() or json.loads(path.read_text()) != info:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(path)
+    except (OSError, ValueError):
+        pass
+    return info
+
+
+def _refresh_if_stale(tool: InstalledTool, sha: str, policy: W.WasmPolicy) -> None:
+    try:
+        stored = json.loads(info_path(tool).read_text())
+    except (OSError, ValueError):
+        stored = None
+    if not isinstance(stored, dict) or stored.get("sha256") != sha:
+        refresh_info(tool, policy)
+
+
 def describe(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
-    """A JSON-able view of a tool for the API and dashboard (name/schema from the module when exported)."""
+    """A JSON-able view of a tool for the API and dashboard. Runs no module code: the module's own name and schema
+    come from what a worker stored (refresh_info) for the current module bytes."""
     m = tool.manifest
     info: dict[str, Any] = {
         "id": tool.id, "version": tool.version, "enabled": tool.enabled, "installed_at": tool.installed_at,
@@ -377,18 +433,22 @@ def describe(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
         "runtime_api": [m.min_runtime_api, m.max_runtime_api] if m else None,
         "module_name": None, "input_schema": None, "problems": list(tool.problems), "hash_ok": None,
     }
-    if m is None or tool.problems:
+    if m is None or tool.problems or tool.wasm_path is None:
         return info
+    sha = module_sha256(tool.wasm_path)
+    info["hash_ok"] = sha == m.wasm_sha256.lower()
+    if not info["hash_ok"]:
+        info["problems"].append(f"module sha256 {str(sha)[:12]}… does not match the manifest "
+                                f"(module_hash_policy = {policy.module_hash_policy})")
     try:
-        meta = W.describe(tool.wasm_path, policy, m.capabilities)
-        info["module_name"] = meta["name"]
-        info["input_schema"] = meta["schema"]
-        info["hash_ok"] = meta["sha256"] == m.wasm_sha256.lower()
-        if not info["hash_ok"]:
-            info["problems"].append(f"module sha256 {meta['sha256'][:12]}… does not match the manifest "
-                                    f"(module_hash_policy = {policy.module_hash_policy})")
-    except W.WasmError as exc:
-        info["problems"].append(exc.message)
+        stored = json.loads(info_path(tool).read_text())
+    except (OSError, ValueError):
+        stored = None
+    if isinstance(stored, dict) and stored.get("sha256") == sha:
+        info["module_name"] = stored.get("name")
+        info["input_schema"] = stored.get("schema")
+        if stored.get("error"):
+            info["problems"].append(stored["error"])
     return info
 
 
@@ -468,6 +528,7 @@ def execute(home: Home, tool_id: str, input_text: str, *, policy: W.WasmPolicy |
                 return failed(W.HASH_MISMATCH, message + "; refused to run")
             warnings.append(message)
             log(f"[WARN] {message}; running anyway")
+        _refresh_if_stale(tool, compiled.sha256, policy)
         workspace = workspace_for(home, policy)
         workspace.mkdir(parents=True, exist_ok=True)
         source_env = os.environ if environ is None else environ

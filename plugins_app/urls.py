@@ -6,6 +6,7 @@ from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
 from plugins_app.views import plugins as plugin_views
 from plugins_app.views import tokens as token_views
+from plugins_app.views import tools as tool_views
 
 api_urls = api.urls
 urlpatterns = [
@@ -28,6 +29,11 @@ urlpatterns = [
     path("tokens/", token_views.tokens_page, name="tokens"),
     path("tokens/new/", token_views.token_create, name="token_create"),
     path("tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token_revoke"),
+    # WASM tools
+    path("tools/", tool_views.tools_page, name="tools"),
+    path("tools/install/", tool_views.tool_install, name="tool_install"),
+    path("tools/execute/", tool_views.tool_execute, name="tool_execute"),
+    path("tools/<str:tool_id>/<str:action>/", tool_views.tool_action, name="tool_action"),
     # API
     path("api/", api_urls),
     # The same API under /api/v1/ (LibreFang mounts both); a separate namespace keeps reversing unambiguous.

@@ -6,6 +6,7 @@ enable/disable/remove = admin and up, as for context-engine plugins.
 
 import json
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from ninja.security import HttpBearer
@@ -76,7 +77,7 @@ def list_tools(request):
 
 
 @router.post("/install", auth=OWNER, response={201: dict, **ERRORS}, operation_id="tools_install")
-def install(request):
+async def install(request):
     """Install a tool package: the tar as the raw body (Content-Type application/x-tar) or a multipart `package`."""
     data = _upload(request, "package")
     if data is None:
@@ -86,9 +87,11 @@ def install(request):
     if not data:
         raise ApiError(400, "validation_error", "send the package tar as the body or as a multipart `package` file")
     try:
-        return json_response(tool_service.install(data, actor(request)), 201)
+        info = await sync_to_async(tool_service.install)(data, actor(request))
     except T.ToolError as exc:
         raise _tool_error(exc) from exc
+    await tool_service.request_describe(info["id"])  # a worker reads az_tool_name/az_tool_schema
+    return json_response(info, 201)
 
 
 @router.post("/package", auth=OWNER, response=ERRORS, operation_id="tools_package")

@@ -31,6 +31,14 @@ def install(data: bytes, actor: str, source: str = "local") -> dict[str, Any]:
     return T.describe(tool, policy())
 
 
+async def request_describe(tool_id: str) -> None:
+    """Ask a worker to read the module's az_tool_name/az_tool_schema (module code never runs in the web tier)."""
+    try:
+        await bus.enqueue("tool", {"tool": tool_id, "describe": True}, kind=JOB_KIND, plugin=tool_id)
+    except Exception as exc:  # best effort: the first execution fills it in too
+        log.warning("could not queue a describe job for tool %s: %s", tool_id, exc)
+
+
 def package(manifest: bytes | str | dict, wasm: bytes) -> bytes:
     return T.package(manifest, wasm)
 
@@ -88,9 +96,14 @@ async def execute(tool_id: str, input_text: str) -> tuple[int, dict[str, Any]]:
 def run_tool_job(request: Any) -> dict[str, Any]:
     """Worker side of a "tool" job: run the module, stream its log lines, answer the reply dict."""
     if not isinstance(request, dict) or not isinstance(request.get("tool"), str) \
-            or not isinstance(request.get("input"), str):
+            or not (isinstance(request.get("input"), str) or request.get("describe")):
         return {"_tool_error": {"code": "bad_request", "message": "malformed tool job", "status": 400}}
     tool_id = request["tool"]
+    if request.get("describe"):
+        try:
+            return T.refresh_info(T.get_tool(home(), tool_id), policy())
+        except T.ToolError as exc:
+            return {"_tool_error": {"code": exc.code, "message": exc.message, "status": exc.status}}
     stream = events.publisher()
     stream_name = f"tool:{tool_id}"
     try:

@@ -201,8 +201,19 @@ def test_it_lists_the_semver_latest_version_and_state(ehome):
     installed(ehome, version="0.10.0")
     [tool] = T.list_tools(ehome)
     assert tool.version == "0.10.0" and tool.enabled
+    assert T.describe(tool, W.WasmPolicy())["module_name"] is None  # describe() runs no module code
+    assert T.refresh_info(tool, W.WasmPolicy())["name"] == "echo_plugin"  # a worker asks the module
     info = T.describe(tool, W.WasmPolicy())
     assert info["module_name"] == "echo_plugin" and info["hash_ok"] is True and not info["problems"]
+
+
+def test_it_fills_in_the_module_name_on_first_execution_and_forgets_it_when_the_module_changes(ehome):
+    tool = installed(ehome)
+    assert T.execute(ehome, "echo", "", policy=W.WasmPolicy()).ok
+    assert T.describe(tool, W.WasmPolicy())["module_name"] == "echo_plugin"
+    tool.wasm_path.write_bytes(static_output_wasm({"output": "v2"}))
+    info = T.describe(tool, W.WasmPolicy())
+    assert info["module_name"] is None and info["hash_ok"] is False
 
 
 def test_it_enables_disables_and_removes(ehome):

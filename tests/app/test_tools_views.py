@@ -1,0 +1,87 @@
+"""The WASM tools dashboard page through Django's test client: renders, installs, toggles, removes, denials."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from engine import wasm_tools as T
+from plugins_app.models import AuditEntry
+from plugins_app.services.tools import run_tool_job
+from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
+
+pytestmark = pytest.mark.django_db
+ECHO = fixture_wasm("echo")
+
+
+def package_file(tool_id="echo"):
+    return SimpleUploadedFile(f"{tool_id}.tar", T.package(tool_manifest(tool_id, ECHO), ECHO))
+
+
+@pytest.fixture
+def owner(client):
+    client.force_login(User.objects.create_superuser("boss", "", "pw"))
+
+
+@pytest.fixture
+def viewer(client):
+    client.force_login(User.objects.create_user("reader", "", "pw"))
+
+
+def test_it_redirects_anonymous_users(client, home):
+    for url in ("/tools/", "/tools/install/", "/tools/execute/"):
+        assert client.get(url).status_code in (302, 405), url
+    assert client.get("/tools/")["Location"].startswith("/login/")
+
+
+def test_it_shows_an_empty_page_with_the_policy(client, home, owner):
+    (home.root / "config.toml").write_text('[runtime.wasm]\nmemory_limit_mb = 16\nallowed_hosts = ["api.example"]\n')
+    html = client.get("/tools/").content.decode()
+    assert "No WASM tools installed yet" in html
+    assert "16 MiB" in html and "api.example" in html
+    assert 'aria-current="page">WASM tools' in html
+
+
+def test_it_installs_lists_and_toggles_tools(client, home, owner):
+    resp = client.post("/tools/install/", {"package": package_file()})
+    assert resp.status_code == 302
+    html = client.get("/tools/").content.decode()
+    row = html.split('id="tool-echo"')[1].split("</tr>")[0]
+    assert "matches" in row and "enabled" in row and "echo_plugin" not in row  # no module code ran here
+    run_tool_job({"tool": "echo", "describe": True})  # what the worker does with the queued describe job
+    row = client.get("/tools/").content.decode().split('id="tool-echo"')[1].split("</tr>")[0]
+    assert "echo_plugin" in row
+    assert 'id="tool-console"' in html and '<option value="echo">' in html
+    assert client.post("/tools/echo/disable/").status_code == 302
+    html = client.get("/tools/").content.decode()
+    assert "disabled" in html.split('id="tool-echo"')[1].split("</tr>")[0]
+    assert '<option value="echo">' not in html  # disabled tools are not offered in the console
+    assert client.post("/tools/echo/remove/").status_code == 302
+    assert "No WASM tools installed yet" in client.get("/tools/").content.decode()
+    actions = set(AuditEntry.objects.filter(target="echo").values_list("action", flat=True))
+    assert {"tool.install", "tool.disable", "tool.remove"} <= actions
+
+
+def test_it_shows_install_errors(client, home, owner):
+    resp = client.post("/tools/install/", {"package": SimpleUploadedFile("x.tar", b"garbage" * 100)})
+    assert resp.status_code == 400 and "Not installed" in resp.content.decode()
+    resp = client.post("/tools/install/", {})
+    assert resp.status_code == 400
+    assert client.post("/tools/ghost/enable/").status_code == 404
+    assert client.post("/tools/echo/explode/").status_code == 400
+
+
+def test_it_refuses_changes_and_the_console_to_viewers(client, home, viewer):
+    T.install(home, T.package(tool_manifest("echo", ECHO), ECHO))
+    html = client.get("/tools/").content.decode()
+    assert 'id="tool-console"' not in html and "Install a package" not in html
+    assert client.post("/tools/install/", {"package": package_file()}).status_code == 403
+    assert client.post("/tools/echo/disable/").status_code == 403
+    assert client.post("/tools/execute/", {"tool": "echo", "input": "x"}).status_code == 403
+    assert T.get_tool(home, "echo").enabled
+
+
+def test_it_refuses_console_runs_of_unknown_tools(client, home, owner):
+    resp = client.post("/tools/execute/", {"tool": "ghost", "input": "x"})
+    assert resp.status_code == 404 and "unknown tool" in resp.content.decode()
