@@ -1,0 +1,388 @@
+"""Plugin install, update and uninstall on disk: fetching a source (local path, git URL, registry), copying without
+symlinks, checking the manifest and [integrity], and the lockfile $LIBREFANG_HOME/plugins.lock (per-file sha256).
+
+Pure Python (git is run as a subprocess). The Django side adds audit, idempotency and events around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.home import Home
+from engine.manifest import NAME_RE, ManifestError, load_plugin
+
+LOCK_VERSION = 1
+SKIP_NAMES = {".git", "__pycache__", ".disabled", ".DS_Store"}
+MAX_FILES = 5000
+MAX_FILE_BYTES = 50 * 1024 * 1024
+GIT_TIMEOUT_SECS = 120
+_GITHUB_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class InstallError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400, details=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.details = details
+
+
+@dataclass
+class Source:
+    """Where a plugin comes from; recorded in the lockfile so update can fetch it again."""
+
+    kind: str  # local | git | registry
+    path: str | None = None
+    url: str | None = None
+    ref: str | None = None
+    registry: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def parse(cls, data: dict) -> Source:
+        if not isinstance(data, dict):
+            raise InstallError("invalid_source", "source must be an object")
+        kind = data.get("source") or data.get("kind")
+        if kind == "local":
+            path = data.get("path")
+            if not isinstance(path, str) or not path.strip():
+                raise InstallError("invalid_source", "a local install needs `path`")
+            return cls("local", path=path)
+        if kind == "git":
+            url = data.get("url")
+            ref = data.get("ref") or data.get("branch")
+            if not isinstance(url, str) or not url.strip():
+                raise InstallError("invalid_source", "a git install needs `url`")
+            if ref is not None and (not isinstance(ref, str) or ref.startswith("-") or not ref.strip()):
+                raise InstallError("invalid_source", "`ref` must be a branch, tag or commit")
+            check_git_url(url)
+            return cls("git", url=url, ref=ref)
+        if kind == "registry":
+            name = data.get("name")
+            registry = data.get("registry") or data.get("github_repo")
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise InstallError("invalid_name", f"registry install needs a valid plugin `name`, got {name!r}")
+            if registry is not None and not isinstance(registry, str):
+                raise InstallError("invalid_source", "`registry` must be a string")
+            ref = data.get("ref") or data.get("branch")
+            return cls("registry", registry=registry, name=name, ref=ref if isinstance(ref, str) else None)
+        raise InstallError("invalid_source", "`source` must be one of: local, git, registry")
+
+
+def check_git_url(url: str) -> None:
+    if url.startswith("-") or any(c in url for c in "\n\r\x00 "):
+        raise InstallError("invalid_source", f"refusing git URL {url!r}")
+    ok = (url.startswith(("https://", "http://", "git://", "ssh://", "file://")) or "@" in url
+          or url.startswith("/"))
+    if not ok:
+        raise InstallError("invalid_source", f"git URL {url!r} must be https, http, git, ssh, file or an absolute path")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(65536), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 for every regular file under root (symlinks, .git, caches, .disabled skipped)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_NAMES and not os.path.islink(os.path.join(dirpath, d)))
+        for fname in sorted(filenames):
+            if fname in SKIP_NAMES:
+                continue
+            full = Path(dirpath) / fname
+            if full.is_symlink() or not full.is_file():
+                continue
+            out[full.relative_to(root).as_posix()] = sha256_file(full)
+    return out
+
+
+def copy_tree(src: Path, dst: Path) -> list[str]:
+    """Copy regular files and directories only; symlinks are skipped (returned), never followed."""
+    skipped: list[str] = []
+    count = 0
+    dst.mkdir(parents=True, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel_dir = Path(dirpath).relative_to(src)
+        keep = []
+        for d in sorted(dirnames):
+            if d in SKIP_NAMES:
+                continue
+            if os.path.islink(os.path.join(dirpath, d)):
+                skipped.append((rel_dir / d).as_posix())
+                continue
+            keep.append(d)
+            (dst / rel_dir / d).mkdir(parents=True, exist_ok=True)
+        dirnames[:] = keep
+        for fname in sorted(filenames):
+            if fname in SKIP_NAMES:
+                continue
+            s = Path(dirpath) / fname
+            if s.is_symlink():
+                skipped.append((rel_dir / fname).as_posix())
+                continue
+            if not s.is_file():
+                continue
+            count += 1
+            if count > MAX_FILES:
+                raise InstallError("too_large", f"the plugin has more than {MAX_FILES} files")
+            if s.stat().st_size > MAX_FILE_BYTES:
+                raise InstallError("too_large", f"{(rel_dir / fname).as_posix()} is larger than {MAX_FILE_BYTES} bytes")
+            shutil.copy2(s, dst / rel_dir / fname, follow_symlinks=False)
+    return skipped
+
+
+def _git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_SECS,
+                              env=env, stdin=subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        raise InstallError("git_missing", "git is not installed (apt install git)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise InstallError("git_failed", f"git {args[0]} took longer than {GIT_TIMEOUT_SECS}s") from exc
+
+
+def git_fetch(url: str, ref: str | None, into: Path) -> str:
+    """Clone url (at ref) into `into`; returns the commit sha."""
+    check_git_url(url)
+    args = ["clone", "--quiet", "--depth=1"]
+    if ref:
+        args += ["--branch", ref]
+    out = _git([*args, "--", url, str(into)])
+    if out.returncode != 0 and ref:
+        # ref may be a commit: full clone, then check it out
+        shutil.rmtree(into, ignore_errors=True)
+        out = _git(["clone", "--quiet", "--", url, str(into)])
+        if out.returncode == 0:
+            out = _git(["checkout", "--quiet", ref, "--"], cwd=into)
+    if out.returncode != 0:
+        raise InstallError("git_failed", f"git could not fetch {url}{' at ' + ref if ref else ''}: "
+                                         f"{out.stderr.strip()[-500:]}")
+    rev = _git(["rev-parse", "HEAD"], cwd=into)
+    return rev.stdout.strip()
+
+
+def registry_location(registry: str | None, default: str | None) -> str:
+    reg = registry or default
+    if not reg:
+        raise InstallError("no_registry", "no registry given and none configured ([plugins] registry in config.toml)")
+    if _GITHUB_REPO.match(reg) and not Path(reg).exists():
+        return f"https://github.com/{reg}.git"
+    return reg
+
+
+@contextlib.contextmanager
+def fetched(source: Source, default_registry: str | None = None) -> Iterator[tuple[Path, dict]]:
+    """Yields (directory holding the plugin, provenance) for a source; temp files are removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="lf-install-") as tmp:
+        tmpdir = Path(tmp)
+        if source.kind == "local":
+            path = Path(source.path or "").expanduser()
+            if not path.is_absolute():
+                raise InstallError("invalid_source", "a local path must be absolute")
+            path = path.resolve()
+            if not (path / "plugin.toml").is_file():
+                raise InstallError("not_a_plugin", f"{path} has no plugin.toml")
+            yield path, {"path": str(path)}
+        elif source.kind == "git":
+            rev = git_fetch(source.url or "", source.ref, tmpdir / "repo")
+            root = tmpdir / "repo"
+            if not (root / "plugin.toml").is_file():
+                raise InstallError("not_a_plugin", f"{source.url} has no plugin.toml at its root")
+            yield root, {"commit": rev}
+        elif source.kind == "registry":
+            loc = registry_location(source.registry, default_registry)
+            local = Path(loc).expanduser()
+            if local.is_absolute() and local.is_dir():
+                root, prov = local.resolve(), {"registry_path": str(local.resolve())}
+            else:
+                rev = git_fetch(loc, source.ref, tmpdir / "registry")
+                root, prov = tmpdir / "registry", {"registry_url": loc, "commit": rev}
+            pdir = root / "plugins" / (source.name or "")
+            if pdir.is_symlink() or not (pdir / "plugin.toml").is_file():
+                raise InstallError("not_found", f"registry {loc} has no plugins/{source.name}/plugin.toml", 404)
+            yield pdir, prov
+        else:  # pragma: no cover - Source.parse forbids it
+            raise InstallError("invalid_source", f"unknown source kind {source.kind!r}")
+
+
+# ---- lockfile ----
+
+class Lockfile:
+    """$LIBREFANG_HOME/plugins.lock: JSON {"version", "plugins": {name: {source, version, files, installed_at}}}."""
+
+    def __init__(self, home: Home):
+        self.path = home.lockfile
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[dict]:
+        """Exclusive read-modify-write; the file is replaced atomically when the block succeeds."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock.flock"), "a+") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                data = self.read()
+                yield data
+                self._write(data)
+            finally:
+                fcntl.flock(guard, fcntl.LOCK_UN)
+
+    def read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict) or not isinstance(data.get("plugins"), dict):
+            data = {"version": LOCK_VERSION, "plugins": {}}
+        return data
+
+    def entry(self, name: str) -> dict | None:
+        return self.read()["plugins"].get(name)
+
+    def _write(self, data: dict) -> None:
+        data["version"] = LOCK_VERSION
+        tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def local_changes(plugin_dir: Path, recorded: dict[str, str]) -> dict[str, list[str]]:
+    """Files edited, added or removed since install (empty lists: untouched)."""
+    now = file_hashes(plugin_dir)
+    return {
+        "modified": sorted(p for p in recorded if p in now and now[p] != recorded[p]),
+        "removed": sorted(p for p in recorded if p not in now),
+        "added": sorted(p for p in now if p not in recorded),
+    }
+
+
+# ---- the operations ----
+
+def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, list[str]]:
+    """Copy src into a staging dir named after the plugin and validate it there (manifest + [integrity])."""
+    home.plugins_dir.mkdir(parents=True, exist_ok=True)
+    staging_root = Path(tempfile.mkdtemp(prefix=".staging-", dir=home.plugins_dir))
+    try:
+        from engine.manifest import parse_manifest_text
+
+        try:
+            manifest, _ = parse_manifest_text((src / "plugin.toml").read_text(encoding="utf-8"))
+        except ManifestError as exc:
+            raise InstallError("invalid_manifest", f"plugin.toml is invalid: {exc}", 400,
+                               [f.to_dict() for f in exc.findings]) from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InstallError("invalid_manifest", f"cannot read plugin.toml: {exc}") from exc
+        pname = manifest.name
+        if name and name != pname:
+            raise InstallError("name_mismatch", f"plugin.toml names the plugin {pname!r}, expected {name!r}")
+        staged = staging_root / pname
+        skipped = copy_tree(src, staged)
+        try:
+            load_plugin(staged, check_integrity=True)
+        except ManifestError as exc:
+            code = "integrity_failed" if any(f.id.startswith("integrity") for f in exc.findings) else "invalid_manifest"
+            raise InstallError(code, f"the plugin cannot be installed: {exc}", 400,
+                               [f.to_dict() for f in exc.findings]) from exc
+        return staging_root, staged, pname, skipped
+    except BaseException:
+        shutil.rmtree(staging_root, ignore_errors=True)
+        raise
+
+
+def install(home: Home, source: Source, default_registry: str | None = None) -> dict:
+    """Fetch, validate and install a new plugin; records it in the lockfile. Raises InstallError."""
+    with fetched(source, default_registry) as (src, provenance):
+        staging_root, staged, name, skipped = _stage(home, src, source.name)
+    try:
+        target = home.plugin_dir(name)
+        lock = Lockfile(home)
+        with lock.locked() as data:
+            if target.exists():
+                raise InstallError("already_installed", f"plugin {name!r} is already installed", 409)
+            os.replace(staged, target)
+            files = file_hashes(target)
+            version = load_plugin(target, check_integrity=False).manifest.version
+            data["plugins"][name] = {"source": source.to_dict(), "provenance": provenance, "version": version,
+                                     "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                     "files": files}
+    finally:
+        shutil.rmtree(staging_root, ignore_errors=True)
+    return {"installed": True, "name": name, "version": version, "path": str(target), "files": len(files),
+            "skipped_symlinks": skipped, "restart_required": False}
+
+
+def update(home: Home, name: str, force: bool = False, default_registry: str | None = None) -> dict:
+    """Re-fetch an installed plugin from its recorded source. Refuses locally edited files unless force."""
+    lock = Lockfile(home)
+    entry = lock.entry(name)
+    target = home.plugin_dir(name)
+    if not (target / "plugin.toml").exists():
+        raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
+    if entry is None:
+        raise InstallError("not_tracked", f"plugin {name!r} was not installed from a source (no lockfile entry); "
+                                          "nothing to update from", 409)
+    changes = local_changes(target, entry.get("files") or {})
+    if any(changes.values()) and not force:
+        raise InstallError("locally_modified", f"plugin {name!r} has local edits; update with force to overwrite them",
+                           409, changes)
+    source = Source(**{k: v for k, v in entry["source"].items() if k in Source.__dataclass_fields__})
+    with fetched(source, default_registry) as (src, provenance):
+        staging_root, staged, new_name, skipped = _stage(home, src, name)
+    try:
+        with lock.locked() as data:
+            disabled = (target / ".disabled").exists()
+            old = target.with_name(f".old-{name}-{os.getpid()}")
+            os.replace(target, old)
+            try:
+                os.replace(staged, target)
+            except OSError:
+                os.replace(old, target)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+            if disabled:
+                (target / ".disabled").touch()
+            files = file_hashes(target)
+            version = load_plugin(target, check_integrity=False).manifest.version
+            previous = entry.get("version")
+            data["plugins"][name] = {**entry, "provenance": provenance, "version": version, "files": files,
+                                     "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    finally:
+        shutil.rmtree(staging_root, ignore_errors=True)
+    return {"updated": True, "name": name, "previous_version": previous, "version": version, "path": str(target),
+            "overwrote_local_changes": changes if any(changes.values()) else None, "skipped_symlinks": skipped}
+
+
+def uninstall(home: Home, name: str) -> dict:
+    if not NAME_RE.match(name or ""):
+        raise InstallError("invalid_name", f"plugin name {name!r} is not allowed")
+    target = home.plugin_dir(name)
+    if not (target / "plugin.toml").is_file() or target.is_symlink():
+        raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
+    lock = Lockfile(home)
+    with lock.locked() as data:
+        trash = target.with_name(f".removing-{name}-{os.getpid()}")
+        os.replace(target, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        had_entry = data["plugins"].pop(name, None) is not None
+    return {"removed": True, "name": name, "was_locked": had_entry}

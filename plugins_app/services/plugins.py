@@ -1,0 +1,276 @@
+"""Plugin lifecycle: scaffold, reload, enable/disable, install, update, uninstall, install-deps and the active
+chain in config.toml. Every change writes an AuditEntry and announces itself with events.plugin_changed.
+
+Callers (API, dashboard views, CLI) catch PluginError: `code` is stable, `status` is the HTTP status to answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from django.db import IntegrityError
+
+from engine import install as I
+from engine.catalog import DISABLED_MARKER
+from engine.manifest import NAME_RE, ManifestError
+from engine.scaffold import ScaffoldError, plan
+from plugins_app import events
+from plugins_app.models import IdempotentResponse
+from plugins_app.selectors.plugins import PluginSummary, get_plugin
+from plugins_app.services import audit
+from plugins_app.services import config as config_service
+from plugins_app.services.engine import get_engine, home
+
+log = logging.getLogger("librefang.plugins")
+
+
+class PluginError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400, details: Any = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.details = details
+
+    def to_dict(self) -> dict:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise PluginError("invalid_name", f"plugin name {name!r} is not allowed: use 1-128 ASCII letters, digits, "
+                                          "'-' or '_', starting with a letter or digit", 400)
+
+
+def _require_installed(name: str) -> Path:
+    _check_name(name)
+    if not get_engine().catalog.exists(name):
+        raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
+    return home().plugin_dir(name)
+
+
+def _changed(name: str, what: str, actor: str, action: str, details: dict | None = None, ok: bool = True) -> None:
+    audit.record(actor, action, name, ok=ok, details=details)
+    if ok:
+        events.plugin_changed(name, what)
+
+
+# ---- scaffold ----
+
+def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] | None, actor: str) -> PluginSummary:
+    """Create $LIBREFANG_HOME/plugins/<name>/ from the runtime's templates (runs as written)."""
+    try:
+        p = plan(name, description, runtime, hooks)
+    except ScaffoldError as exc:
+        raise PluginError(exc.code, exc.message, 400) from exc
+    h = home()
+    target = h.plugin_dir(name)
+    if target.exists() or target.is_symlink():
+        raise PluginError("already_exists", f"plugin {name!r} already exists", 409)
+    h.plugins_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".scaffold-", dir=h.plugins_dir))
+    try:
+        for rel, data in p.files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if rel in p.executable:
+                os.chmod(path, 0o755)
+        try:
+            os.rename(staging, target)  # atomic; fails if another request created it meanwhile
+        except OSError as exc:
+            raise PluginError("already_exists", f"plugin {name!r} already exists", 409) from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _changed(name, "scaffolded", actor, "plugin.scaffold", {"runtime": p.runtime, "files": sorted(p.files)})
+    summary = get_plugin(name)
+    assert summary is not None
+    return summary
+
+
+# ---- reload / enable / disable ----
+
+def reload_plugin(name: str, actor: str) -> dict:
+    """Re-read plugin.toml now. A broken manifest is rejected (400) and the previous configuration keeps serving."""
+    _require_installed(name)
+    catalog = get_engine().catalog
+    try:
+        loaded = catalog.validate(name)
+    except ManifestError as exc:
+        audit.record(actor, "plugin.reload", name, ok=False, details={"error": str(exc)})
+        raise PluginError("invalid_manifest", f"plugin.toml of {name!r} is invalid; the previous configuration keeps "
+                                              f"serving: {exc}", 400, [f.to_dict() for f in exc.findings]) from exc
+    entry = catalog.get(name)
+    from engine.lint import hooks_valid
+
+    declared = loaded.manifest.hooks.declared_hooks()
+    valid = hooks_valid(entry.dir, declared)
+    _changed(name, "reloaded", actor, "plugin.reload", {"version": loaded.manifest.version})
+    return {"status": "ok", "plugin": name, "name": name, "version": loaded.manifest.version,
+            "runtime": loaded.manifest.runtime.label, "hooks": sorted(declared), "hooks_valid": valid,
+            "hook_timeout_secs": loaded.manifest.hooks.hook_timeout_secs, "enabled": entry.enabled,
+            "warnings": [f.to_dict() for f in loaded.findings],
+            "message": "reloaded: the next call uses this configuration"}
+
+
+def set_enabled(name: str, enabled: bool, actor: str) -> dict:
+    pdir = _require_installed(name)
+    marker = pdir / DISABLED_MARKER
+    was = not marker.exists()
+    if enabled:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.touch()
+    what = "enabled" if enabled else "disabled"
+    _changed(name, what, actor, f"plugin.{'enable' if enabled else 'disable'}", {"changed": was != enabled})
+    return {"name": name, "enabled": enabled, "changed": was != enabled,
+            "message": f"{name} is {what}; this takes effect on the next call"}
+
+
+# ---- install / update / uninstall ----
+
+def _raw_config() -> dict:
+    try:
+        return tomllib.loads(home().config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def default_registry() -> str | None:
+    plugins = _raw_config().get("plugins")
+    if isinstance(plugins, dict):
+        reg = plugins.get("registry") or plugins.get("default_registry")
+        if isinstance(reg, str):
+            return reg
+        regs = plugins.get("plugin_registries")
+        if isinstance(regs, list) and regs:
+            first = regs[0]
+            if isinstance(first, str):
+                return first
+            if isinstance(first, dict) and isinstance(first.get("github_repo") or first.get("url"), str):
+                return first.get("github_repo") or first.get("url")
+    return None
+
+
+def _from_install_error(exc: I.InstallError) -> PluginError:
+    return PluginError(exc.code, exc.message, exc.status, exc.details)
+
+
+def install_plugin(source: dict, actor: str, idempotency_key: str | None = None) -> dict:
+    """Install from {"source": "local", "path"} | {"source": "git", "url", "ref"?} |
+    {"source": "registry", "name", "registry"?|"github_repo"?}. Same Idempotency-Key + same body replays the first
+    answer; the same key with a different body is a 409."""
+    body_hash = hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()
+    if idempotency_key is not None:
+        if not idempotency_key.strip() or len(idempotency_key) > 200:
+            raise PluginError("invalid_idempotency_key", "Idempotency-Key must be 1-200 characters", 400)
+        prior = IdempotentResponse.objects.filter(key=idempotency_key).first()
+        if prior is not None:
+            if prior.body_sha256 != body_hash:
+                raise PluginError("idempotency_conflict", "this Idempotency-Key was used with a different body", 409)
+            return {**prior.response, "idempotent_replay": True}
+    try:
+        src = I.Source.parse(source)
+        result = I.install(home(), src, default_registry())
+    except I.InstallError as exc:
+        audit.record(actor, "plugin.install", str(source.get("name") or source.get("path") or source.get("url") or ""),
+                     ok=False, details={"source": source, "error": exc.message})
+        raise _from_install_error(exc) from exc
+    if idempotency_key is not None:
+        try:
+            IdempotentResponse.objects.create(key=idempotency_key, body_sha256=body_hash, status=201, response=result)
+        except IntegrityError:
+            pass
+    get_engine().catalog.forget(result["name"])
+    _changed(result["name"], "installed", actor, "plugin.install", {"source": src.to_dict(),
+                                                                      "version": result["version"]})
+    return result
+
+
+def update_plugin(name: str, force: bool, actor: str) -> dict:
+    _require_installed(name)
+    try:
+        result = I.update(home(), name, force=force, default_registry=default_registry())
+    except I.InstallError as exc:
+        audit.record(actor, "plugin.update", name, ok=False, details={"error": exc.message, "force": force})
+        raise _from_install_error(exc) from exc
+    get_engine().catalog.forget(name)
+    _changed(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
+    return result
+
+
+def uninstall_plugin(name: str, actor: str) -> dict:
+    _check_name(name)
+    try:
+        result = I.uninstall(home(), name)
+    except I.InstallError as exc:
+        raise _from_install_error(exc) from exc
+    get_engine().catalog.forget(name)
+    active = name in get_engine().config.get().context_engine.chain
+    result["was_active"] = active
+    _changed(name, "uninstalled", actor, "plugin.uninstall", {"was_active": active})
+    return result
+
+
+def install_deps(name: str, actor: str) -> dict:
+    """Install the plugin's requirements (engine.requirements does the work, in the plugin's own environment)."""
+    pdir = _require_installed(name)
+    try:
+        from engine import requirements as R
+    except ImportError as exc:
+        raise PluginError("not_supported", "dependency installation is not available in this build", 409) from exc
+    entry = get_engine().catalog.get(name)
+    if entry.plugin is None:
+        raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
+                          [f.to_dict() for f in entry.problems])
+    try:
+        outcome = R.install_requirements(pdir, entry.plugin.manifest, home())
+    except Exception as exc:
+        audit.record(actor, "plugin.install_deps", name, ok=False, details={"error": str(exc)})
+        raise PluginError("install_deps_failed", f"installing dependencies failed: {exc}", 400) from exc
+    data = outcome if isinstance(outcome, dict) else getattr(outcome, "to_dict", lambda: {"result": str(outcome)})()
+    ok = bool(data.get("success", data.get("ok", True)))
+    audit.record(actor, "plugin.install_deps", name, ok=ok, details={k: v for k, v in data.items() if k != "output"})
+    if not ok:
+        raise PluginError("install_deps_failed", str(data.get("error") or "installing dependencies failed"), 400, data)
+    events.plugin_changed(name, "deps_installed")
+    return {"success": True, **data}
+
+
+# ---- the active chain ----
+
+def set_engine_config(plugin: str | None, plugin_stack: list[str] | None, actor: str) -> dict:
+    """Make `plugin` (or `plugin_stack`) the active context engine; both empty: the default engine."""
+    if plugin is not None and plugin_stack:
+        raise PluginError("invalid_config", "give either `plugin` or `plugin_stack`, not both", 400)
+    names = list(plugin_stack or []) + ([plugin] if plugin else [])
+    if len(set(names)) != len(names):
+        raise PluginError("invalid_config", "plugin_stack lists a plugin twice", 400)
+    catalog = get_engine().catalog
+    for n in names:
+        _check_name(n)
+        if not catalog.exists(n):
+            raise PluginError("not_found", f"plugin {n!r} is not installed", 400)
+    path = home().config_path
+    try:
+        config_service.write_chain(path, plugin or None, list(plugin_stack or []) or None)
+    except config_service.ConfigWriteError as exc:
+        raise PluginError("config_invalid", str(exc), 409) from exc
+    audit.record(actor, "engine.config", ",".join(names) or "default",
+                 details={"plugin": plugin, "plugin_stack": plugin_stack})
+    for n in names or ["default"]:
+        events.plugin_changed(n, "config")
+    from plugins_app.selectors.config import engine_config
+
+    return engine_config()

@@ -1,0 +1,110 @@
+"""Scaffold templates: for every runtime whose launcher is installed, scaffold a plugin with all nine hooks and
+actually run each hook through the engine."""
+
+import tomllib
+
+import pytest
+
+from engine import hooks as H
+from engine.runtimes import RUNTIMES, find_launcher
+from engine.scaffold import ScaffoldError, plan
+from plugins_app.models import AuditEntry
+from plugins_app.selectors.examples import example_request
+from engine.stack import ContextEngine, EngineDeps
+from plugins_app.services.plugins import PluginError, scaffold_plugin
+
+TEXT_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native"]
+EXPECTED_TYPE = {H.INGEST: "ingest_result", H.ASSEMBLE: "assemble_result", H.COMPACT: "compact_result",
+                 H.TRANSFORM_TOOL_RESULT: None}
+
+
+def _installed(tag):
+    return RUNTIMES[tag].launcher is None or find_launcher(tag) is not None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("runtime", TEXT_RUNTIMES)
+def test_it_scaffolds_hooks_that_run(home, runtime):
+    if not _installed(runtime):
+        pytest.skip(f"{runtime} launcher not installed")
+    name = f"scaf-{runtime}"
+    summary = scaffold_plugin(name, 'say "hi" \\ to [everyone]', runtime, list(H.ALL_HOOKS), actor="test")
+    assert summary.valid and summary.hooks_valid and summary.runtime == runtime
+    raw = tomllib.loads((home.plugin_dir(name) / "plugin.toml").read_text())
+    assert raw["hooks"]["runtime"] == runtime and "runtime" not in raw
+    assert raw["description"] == 'say "hi" \\ to [everyone]'
+    engine = ContextEngine(EngineDeps(home=home))  # no DB recording thread in this test
+    for hook in H.ALL_HOOKS:
+        attempt = engine.test_hook(name, hook, example_request(hook))
+        assert attempt.ok, (hook, attempt.failure, attempt.result.stderr)
+        assert isinstance(attempt.reply, dict), (hook, attempt.reply)
+        want = EXPECTED_TYPE.get(hook, "ok")
+        if want:
+            assert attempt.reply["type"] == want, (hook, attempt.reply)
+        else:
+            assert attempt.reply["type"] in ("skip", "transformed")
+    assert AuditEntry.objects.filter(action="plugin.scaffold", target=name).exists()
+
+
+@pytest.mark.django_db
+def test_it_python_assemble_template_keeps_messages(home):
+    scaffold_plugin("asm", "", "python", ["assemble", "compact"], actor="test")
+    engine = ContextEngine(EngineDeps(home=home))
+    req = example_request("assemble")
+    attempt = engine.test_hook("asm", "assemble", req)
+    assert attempt.reply["messages"] == req["messages"]
+    attempt = engine.test_hook("asm", "compact", example_request("compact"))
+    assert attempt.ok and attempt.reply["messages"] and "summary" in attempt.reply
+
+
+@pytest.mark.django_db
+def test_it_defaults_to_ingest_and_after_turn(home):
+    summary = scaffold_plugin("defaults", "d", "python", None, actor="test")
+    declared = {h for h, s in summary.hooks.items() if s}
+    assert declared == {"ingest", "after_turn"}
+    assert (home.plugin_dir("defaults") / "requirements.txt").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name,runtime,hooks,code,status", [
+    ("../evil", "python", None, "invalid_name", 400),
+    ("", "python", None, "invalid_name", 400),
+    ("-x", "python", None, "invalid_name", 400),
+    ("ok", "cobol", None, "invalid_runtime", 400),
+    ("ok", "/usr/bin/python3", None, "invalid_runtime", 400),
+    ("ok", "python", ["ingest", "nope"], "invalid_hook", 400),
+])
+def test_it_rejects_bad_scaffold_input(home, name, runtime, hooks, code, status):
+    with pytest.raises(PluginError) as exc:
+        scaffold_plugin(name, "d", runtime, hooks, actor="test")
+    assert (exc.value.code, exc.value.status) == (code, status)
+    assert not any(p for p in home.plugins_dir.iterdir() if not p.name.startswith("."))
+
+
+@pytest.mark.django_db
+def test_it_refuses_an_existing_plugin(home):
+    scaffold_plugin("twice", "", "bash", None, actor="test")
+    before = (home.plugin_dir("twice") / "plugin.toml").read_text()
+    with pytest.raises(PluginError) as exc:
+        scaffold_plugin("twice", "other", "python", None, actor="test")
+    assert exc.value.status == 409 and exc.value.code == "already_exists"
+    assert (home.plugin_dir("twice") / "plugin.toml").read_text() == before
+
+
+def test_it_rejects_control_characters_in_description():
+    with pytest.raises(ScaffoldError):
+        plan("x", "bad\x00", "python", None)
+
+
+def test_it_reports_wasm_when_no_template_exists():
+    try:
+        from engine import wasm
+    except ImportError:
+        wasm = None
+    if wasm is not None and hasattr(wasm, "scaffold_files"):
+        p = plan("w", "d", "wasm", None)
+        assert "plugin.toml" in p.files
+    else:
+        with pytest.raises(ScaffoldError) as exc:
+            plan("w", "d", "wasm", None)
+        assert exc.value.code == "runtime_not_scaffoldable"
