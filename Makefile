@@ -1,5 +1,6 @@
 # Two commands for a new machine: `make run` (set up + serve) and `make test` (set up + test).
 PYTHON ?= python3
+PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -26,6 +27,11 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run plugins_app >/dev/null
 	$(BIN)/pytest $(PYTEST_ARGS)
+	@# The memory store's full-text search again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
+	@# a per-run database name so parallel runs never share Django's test database.
+	@if $(BIN)/python -c "import psycopg; psycopg.connect('$(PG_URL)', connect_timeout=3).close()" 2>/dev/null; then \
+		DATABASE_URL="$(dir $(PG_URL))lfmem_$$$$" $(BIN)/pytest -q tests/app/test_memory.py tests/app/test_engine_llm.py; \
+	else echo "PostgreSQL not reachable at $(PG_URL): skipping the PostgreSQL memory-store run"; fi
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
