@@ -109,7 +109,12 @@ class StderrPublisher:
         layer = get_channel_layer()
         r = bus.client()
         while True:
-            first = await asyncio.to_thread(self._q.get)
+            try:  # a timeout: an executor thread parked in get() forever would hang interpreter exit (worker stop)
+                first = await asyncio.to_thread(self._q.get, True, 1.0)
+            except queue.Empty:
+                continue
+            except RuntimeError:  # the interpreter is shutting down: no executor for new work
+                return
             batch = [first]
             while len(batch) < BATCH_MAX:
                 try:

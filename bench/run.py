@@ -1,0 +1,612 @@
+"""`make bench`: latency, throughput, stderr and memory of the whole hook path, each against a baseline taken in
+the same run on the same machine (spawning the same hook script directly). See bench/README.md.
+
+Writes bench/results/latest.json and prints a table. Sizes scale with BENCH_SCALE (default 1.0; 0.2 for a smoke run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from engine import warmstart  # noqa: E402
+from engine.catalog import Catalog  # noqa: E402
+from engine.home import Home  # noqa: E402
+from engine.invoke import invoke  # noqa: E402
+from engine.runtimes import find_launcher  # noqa: E402
+from tests.e2e.live import LiveService  # noqa: E402
+from tests.plugin_factory import write_config  # noqa: E402
+
+SCALE = float(os.environ.get("BENCH_SCALE", "1"))
+RESULTS = REPO / "bench" / "results" / "latest.json"
+REFLECT_PY = REPO / "tests" / "fixtures" / "wasm" / "reflect.py"  # the hook; reflect.wat is its wasm twin
+STDERR_HOOK = REPO / "bench" / "hooks" / "stderr_hook.py"
+REQUEST = {"agent_id": "bench", "message": "what did we decide about the launch date?", "peer_id": "u1"}
+
+
+def n(base: int, floor: int = 5) -> int:
+    return max(floor, int(base * SCALE))
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def summary(ms: list[float]) -> dict:
+    return {"n": len(ms), "p50_ms": round(pct(ms, 50), 3), "p95_ms": round(pct(ms, 95), 3),
+            "p99_ms": round(pct(ms, 99), 3), "mean_ms": round(sum(ms) / len(ms), 3) if ms else None}
+
+
+def ratio(a: dict, b: dict, key: str = "p50_ms") -> float:
+    return round(a[key] / b[key], 3) if b.get(key) else float("nan")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- the hooks
+
+
+class NullSink:
+    def record(self, invocation) -> None:
+        pass
+
+    def line(self, plugin, hook, line, trace_id) -> None:
+        pass
+
+
+def write_plugins(home: Path, with_wasm: bool) -> None:
+    plugins = home / "plugins"
+    py = plugins / "bench_py"
+    (py / "hooks").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REFLECT_PY, py / "hooks" / "ingest.py")
+    shutil.copy(STDERR_HOOK, py / "hooks" / "after_turn.py")
+    (py / "plugin.toml").write_text(
+        'name = "bench_py"\nversion = "0.1.0"\n\n[hooks]\nruntime = "python"\n'
+        'ingest = "hooks/ingest.py"\nafter_turn = "hooks/after_turn.py"\nhook_timeout_secs = 60\n')
+    net = plugins / "bench_py_net"  # the same hook with allow_network = true: no network namespace to create
+    shutil.copytree(py, net)
+    (net / "plugin.toml").write_text((py / "plugin.toml").read_text().replace("bench_py", "bench_py_net")
+                                     + "allow_network = true\n")
+    if with_wasm:
+        from tests.fixtures.wasm.wat import write_fixture
+
+        wasm = plugins / "bench_wasm"
+        write_fixture(wasm / "hooks", "reflect", "ingest")
+        (wasm / "plugin.toml").write_text(
+            'name = "bench_wasm"\nversion = "0.1.0"\n\n[hooks]\nruntime = "wasm"\ningest = "hooks/ingest.wasm"\n')
+
+
+class DirectSpawn:
+    """The baseline: `<resolved interpreter> hook.py < request.json`, nothing else."""
+
+    def __init__(self, home: Path):
+        self.python = find_launcher("python")
+        self.dir = home / "plugins" / "bench_py"
+        self.request_file = home / "request.json"
+        self.request_file.write_text(json.dumps(REQUEST) + "\n")
+        self.env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+
+    def once(self) -> float:
+        started = time.perf_counter()
+        with open(self.request_file, "rb") as stdin:
+            out = subprocess.run([self.python, "hooks/ingest.py"], stdin=stdin, capture_output=True,
+                                 cwd=self.dir, env=self.env, check=True)
+        elapsed = (time.perf_counter() - started) * 1000
+        assert out.stdout.strip(), out
+        return elapsed
+
+
+class EngineDirect:
+    """engine.invoke.invoke: catalog lookup (cached by mtime), request -> HookCall, run_hook, recording."""
+
+    def __init__(self, home: Path):
+        self.home = Home(home)
+        self.catalog = Catalog(self.home)
+        self.sink = NullSink()
+
+    def once(self, plugin: str, warm: bool) -> float:
+        os.environ["LIBREFANG_WARM_START"] = "1" if warm else "0"
+        started = time.perf_counter()
+        attempt = invoke(self.catalog.get(plugin), "ingest", dict(REQUEST), home=self.home,
+                         invocations=self.sink, stderr=self.sink, agent_id="bench")
+        elapsed = (time.perf_counter() - started) * 1000
+        if not attempt.ok:
+            raise RuntimeError(f"{plugin} failed: {attempt.failure}")
+        return elapsed
+
+
+class Client:
+    """A keep-alive HTTP client for one agent (thread)."""
+
+    def __init__(self, service: LiveService):
+        self.host, self.port = "127.0.0.1", service.port
+        self.token = service.token
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            try:
+                self.conn.request("POST", path, data, headers)
+                resp = self.conn.getresponse()
+                text = resp.read()
+                return resp.status, (json.loads(text) if text else {})
+            except (ConnectionError, http.client.HTTPException, OSError):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def hook(self, hook: str, body: dict) -> tuple[int, dict]:
+        return self.post(f"/api/context-engine/hooks/{hook}", body)
+
+
+def rest_once(client: Client, expect_source: str = "bench_py") -> float:
+    started = time.perf_counter()
+    status, body = client.hook("ingest", dict(REQUEST))
+    elapsed = (time.perf_counter() - started) * 1000
+    if status != 200 or body.get("source") != expect_source:
+        raise RuntimeError(f"REST call answered {status} {str(body)[:300]}")
+    return elapsed
+
+
+# ---------------------------------------------------------------------------------------------------- phases
+
+
+def phase_direct(home: Path, spawn: DirectSpawn, engine: EngineDirect, with_wasm: bool) -> dict:
+    rounds = n(200)
+    log(f"direct: {rounds} interleaved rounds of spawn / engine cold / engine warm"
+        + (" / wasm" if with_wasm else ""))
+    samples: dict[str, list[float]] = {"spawn": [], "engine_cold": [], "engine_cold_net": [], "engine_warm": [],
+                                       "wasm": []}
+    for _ in range(10):  # warm-up: page cache, launcher resolution, zygote start, wasm compile cache
+        spawn.once()
+        engine.once("bench_py", False)
+        engine.once("bench_py", True)
+        if with_wasm:
+            engine.once("bench_wasm", True)
+    for _ in range(rounds):
+        samples["spawn"].append(spawn.once())
+        samples["engine_cold"].append(engine.once("bench_py", False))
+        samples["engine_cold_net"].append(engine.once("bench_py_net", False))
+        samples["engine_warm"].append(engine.once("bench_py", True))
+        if with_wasm:
+            samples["wasm"].append(engine.once("bench_wasm", True))
+    out = {k: summary(v) for k, v in samples.items() if v}
+    base = out["spawn"]
+    for k in out:
+        out[k]["ratio_p50"] = ratio(out[k], base)
+        out[k]["ratio_p95"] = ratio(out[k], base, "p95_ms")
+    return out
+
+
+def phase_rest(service: LiveService, spawn: DirectSpawn, label: str) -> dict:
+    rounds = n(200)
+    log(f"REST ({label}): {rounds} interleaved rounds of spawn / HTTP -> Redis -> worker -> hook -> reply")
+    client = Client(service)
+    for _ in range(10):
+        rest_once(client)
+    base, rest = [], []
+    for _ in range(rounds):
+        base.append(spawn.once())
+        rest.append(rest_once(client))
+    b, r = summary(base), summary(rest)
+    r.update(ratio_p50=ratio(r, b), ratio_p95=ratio(r, b, "p95_ms"), ratio_p99=ratio(r, b, "p99_ms"))
+    return {"spawn": b, "rest": r}
+
+
+def run_for(duration: float, agents: int, fn) -> dict:
+    """`agents` threads calling fn(agent_state) back to back for `duration` seconds."""
+    stop = time.monotonic() + duration
+    counts = [0] * agents
+    errors: list[str] = []
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def agent(i: int) -> None:
+        state: dict = {}
+        while time.monotonic() < stop:
+            try:
+                ms = fn(state)
+            except Exception as exc:  # counted, reported
+                with lock:
+                    errors.append(str(exc)[:200])
+                continue
+            with lock:
+                counts[i] += 1
+                latencies.append(ms)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - started
+    return {"calls": sum(counts), "calls_per_s": round(sum(counts) / wall, 2), "errors": len(errors),
+            "first_errors": errors[:3], "latency": summary(latencies) if latencies else None}
+
+
+def phase_throughput(service: LiveService, spawn: DirectSpawn, label: str, direct: dict | None) -> dict:
+    duration = max(1.5, 5.0 * SCALE)
+    out: dict = {}
+    for agents in (1, 4, 16):
+        if direct is not None and agents not in direct:
+            log(f"throughput: {agents} agents spawning directly for {duration:.1f}s")
+            direct[agents] = run_for(duration, agents, lambda state: spawn.once())
+        log(f"throughput ({label}): {agents} agents over REST for {duration:.1f}s")
+
+        def call(state: dict) -> float:
+            if "client" not in state:
+                state["client"] = Client(service)
+            return rest_once(state["client"])
+
+        rest = run_for(duration, agents, call)
+        base = direct[agents]["calls_per_s"] if direct else None
+        rest["ratio_to_direct"] = round(rest["calls_per_s"] / base, 3) if base else None
+        out[agents] = rest
+    return out
+
+
+class WsCollector:
+    """A websocket client on /ws/stderr/<plugin>/?format=json, recording (receipt time, message)."""
+
+    def __init__(self, service: LiveService, plugin: str):
+        token = urllib.parse.quote(service.token)
+        after = redis_get_int(service, "stderr:seq")  # only lines published from now on
+        self.url = f"{service.ws_url}/ws/stderr/{plugin}/?format=json&token={token}&after={after}"
+        self.messages: list[tuple[float, dict]] = []
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self.thread.start()
+        if not self.ready.wait(30):
+            raise RuntimeError(f"websocket did not connect: {self.error}")
+
+    async def _run(self) -> None:
+        import websockets
+
+        try:
+            async with websockets.connect(self.url, max_queue=None) as ws:
+                self.ready.set()
+                while not self.stop.is_set():
+                    try:
+                        raw = await asyncio.wait_for(ws.recv(), timeout=0.2)
+                    except TimeoutError:
+                        continue
+                    self.messages.append((time.time(), json.loads(raw)))
+        except Exception as exc:
+            self.error = repr(exc)
+            self.ready.set()
+
+    def lines(self, prefix: str) -> list[tuple[float, dict]]:
+        return [(t, m) for t, m in list(self.messages) if m.get("line", "").startswith(prefix)]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def wait_quiet(collector: WsCollector, prefix: str, want: int, timeout: float, quiet: float = 3.0) -> int:
+    """Wait until `want` lines arrived, or nothing new came for `quiet` seconds (or `timeout`)."""
+    end = time.monotonic() + timeout
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() < end:
+        got = len(collector.lines(prefix))
+        if got >= want:
+            return got
+        if got != last:
+            last, last_change = got, time.monotonic()
+        elif time.monotonic() - last_change > quiet:
+            break
+        time.sleep(0.1)
+    return len(collector.lines(prefix))
+
+
+def redis_get_int(service: LiveService, key: str) -> int:
+    import redis
+
+    r = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    return int(r.get(f"{service.env['LIBREFANG_REDIS_PREFIX']}:{key}") or 0)
+
+
+def after_turn(client: Client, content: str) -> None:
+    status, body = client.hook("after_turn", {"agent_id": "bench", "messages": [{"role": "user", "content": content}]})
+    if status != 202:
+        raise RuntimeError(f"after_turn answered {status} {body}")
+
+
+def phase_stderr(service: LiveService) -> dict:
+    client = Client(service)
+    collector = WsCollector(service, "bench_py")
+    try:
+        calls, per_call = n(10, 3), 20
+        log(f"stderr latency: {calls} hooks x {per_call} lines, hook write -> websocket receipt")
+        marker = f"lat{int(time.time())}"
+        for i in range(calls):
+            after_turn(client, f"latency:{marker}{i}:{per_call}")
+            time.sleep(0.05)
+        got = wait_quiet(collector, f"L {marker}", calls * per_call, timeout=60)
+        lat = []
+        for received, msg in collector.lines(f"L {marker}"):
+            written = float(msg["line"].split()[3])
+            lat.append((received - written) * 1000)
+        # `ts` is when the worker read the line: split the path into hook->worker and worker->browser.
+        to_worker = [(m["ts"] - float(m["line"].split()[3])) * 1000 for _, m in collector.lines(f"L {marker}")]
+        latency = {"lines_expected": calls * per_call, "lines_received": got, **summary(lat),
+                   "hook_to_worker_p50_ms": round(pct(to_worker, 50), 3)}
+
+        lines = n(10_000, 10_000) if SCALE >= 1 else n(10_000, 1000)
+        log(f"stderr burst: {lines} lines from one hook while other agents keep calling")
+        dropped_before = redis_get_int(service, "stderr:dropped")
+        bmarker = f"burst{int(time.time())}"
+        answered: list[float] = []
+        failed: list[str] = []
+        stop = threading.Event()
+
+        def other_agent() -> None:
+            c = Client(service)
+            while not stop.is_set():
+                try:
+                    answered.append(rest_once(c))
+                except Exception as exc:
+                    failed.append(str(exc)[:200])
+                time.sleep(0.02)
+
+        t = threading.Thread(target=other_agent)
+        t.start()
+        started = time.monotonic()
+        after_turn(client, f"burst:{bmarker}:{lines}")
+        delivered = wait_quiet(collector, f"B {bmarker}", lines, timeout=120, quiet=5.0)
+        burst_secs = time.monotonic() - started
+        stop.set()
+        t.join()
+        time.sleep(0.5)
+        dropped = redis_get_int(service, "stderr:dropped") - dropped_before
+        seqs = [m["seq"] for _, m in collector.lines(f"B {bmarker}")]
+        unique = len({m["line"] for _, m in collector.lines(f"B {bmarker}")})
+        burst = {
+            "lines": lines, "delivered": unique, "dropped_counted": dropped,
+            "unaccounted": lines - unique - dropped, "duplicates": delivered - unique,
+            "in_order": seqs == sorted(seqs), "seconds_to_deliver": round(burst_secs, 2),
+            "other_calls_during_burst": {"answered": len(answered), "failed": len(failed),
+                                         "first_failures": failed[:3],
+                                         "latency": summary(answered) if answered else None},
+        }
+        return {"latency": latency, "burst": burst}
+    finally:
+        collector.close()
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def zygotes_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"warmstart_zygote" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def phase_memory(service: LiveService) -> dict:
+    worker = service.workers[0].pid
+    total = n(10_000, 10_000) if SCALE >= 1 else n(10_000, 500)
+    warm_up = 500 if SCALE >= 1 else 100
+    log(f"memory: worker RSS around {total} calls (16 agents), after {warm_up} warm-up calls")
+    counter = {"left": warm_up}
+    lock = threading.Lock()
+
+    def call(state: dict) -> float:
+        with lock:
+            if counter["left"] <= 0:
+                raise StopIteration
+            counter["left"] -= 1
+        if "client" not in state:
+            state["client"] = Client(service)
+        return rest_once(state["client"])
+
+    def drive(count: int) -> dict:
+        counter["left"] = count
+        results = {"ok": 0, "errors": []}
+
+        def agent() -> None:
+            state: dict = {}
+            while True:
+                try:
+                    call(state)
+                    with lock:
+                        results["ok"] += 1
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    with lock:
+                        results["errors"].append(str(exc)[:200])
+
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for _ in range(16):
+                pool.submit(agent)
+        results["seconds"] = round(time.monotonic() - started, 1)
+        return results
+
+    at_start = rss_kb(worker)
+    drive(warm_up)
+    before = rss_kb(worker)
+    zygotes_before = {z: rss_kb(z) for z in zygotes_of(worker)}
+    run = drive(total)
+    after = rss_kb(worker)
+    zygotes_after = {z: rss_kb(z) for z in zygotes_of(worker)}
+    return {"calls": total, "ok": run["ok"], "errors": len(run["errors"]), "first_errors": run["errors"][:3],
+            "seconds": run["seconds"], "worker_rss_mb_at_start": round(at_start / 1024, 1),
+            "worker_rss_mb_before": round(before / 1024, 1), "worker_rss_mb_after": round(after / 1024, 1),
+            "growth_mb": round((after - before) / 1024, 1),
+            "zygote_rss_mb_before": {str(k): round(v / 1024, 1) for k, v in zygotes_before.items()},
+            "zygote_rss_mb_after": {str(k): round(v / 1024, 1) for k, v in zygotes_after.items()}}
+
+
+def restart_worker(service: LiveService, warm: bool) -> None:
+    service.env["LIBREFANG_WARM_START"] = "1" if warm else "0"
+    for proc in list(service.workers):
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            log("worker did not stop within 30 s of SIGTERM; killing it")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        service.workers.remove(proc)
+    service.start_worker()
+    service.wait_healthy(1)
+    client = Client(service)
+    end = time.monotonic() + 60
+    while True:  # until the new worker answers from the plugin
+        try:
+            rest_once(client)
+            return
+        except RuntimeError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def table(results: dict) -> str:
+    rows = [("figure", "p50 ms", "p95 ms", "p99 ms", "ratio p50", "target")]
+    d = results["direct"]
+
+    def row(name, s, target=""):
+        rows.append((name, f"{s['p50_ms']:.2f}", f"{s['p95_ms']:.2f}", f"{s.get('p99_ms', 0):.2f}",
+                     f"{s.get('ratio_p50', float('nan')):.3f}", target))
+
+    row("direct spawn (baseline)", d["spawn"])
+    row("engine invoke, cold spawn", d["engine_cold"], "<= 1.05")
+    row("engine invoke, cold, allow_network", d["engine_cold_net"])
+    row("engine invoke, warm start", d["engine_warm"], "<= 0.15")
+    if "wasm" in d:
+        row("engine invoke, wasm twin", d["wasm"])
+    for label in ("warm", "cold"):
+        r = results["rest"][label]
+        rows.append((f"direct spawn (baseline, REST {label} run)", f"{r['spawn']['p50_ms']:.2f}",
+                     f"{r['spawn']['p95_ms']:.2f}", f"{r['spawn']['p99_ms']:.2f}", "1.000", ""))
+        row(f"REST path, worker {label}", r["rest"], "<= 1.15")
+    out = [" | ".join(f"{c:<38}" if i == 0 else f"{c:>9}" for i, c in enumerate(r)) for r in rows]
+    out.append("")
+    out.append("throughput (calls/s)      agents |   direct |  REST warm (ratio) |  REST cold (ratio)   target >= 0.9")
+    for agents in (1, 4, 16):
+        dd = results["throughput"]["direct"][agents]
+        w = results["throughput"]["rest_warm"][agents]
+        c = results["throughput"]["rest_cold"][agents]
+        out.append(f"{'':26}{agents:>6} | {dd['calls_per_s']:>8.1f} | {w['calls_per_s']:>8.1f} ({w['ratio_to_direct']:.2f})"
+                   f"    | {c['calls_per_s']:>8.1f} ({c['ratio_to_direct']:.2f})")
+    s = results["stderr"]
+    lat, burst = s["latency"], s["burst"]
+    out.append("")
+    out.append(f"stderr hook write -> websocket: p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms "
+               f"({lat['lines_received']}/{lat['lines_expected']} lines; target p50 < 20, p99 < 100)")
+    oc = burst["other_calls_during_burst"]
+    out.append(f"stderr burst {burst['lines']} lines: delivered {burst['delivered']}, dropped (counted) "
+               f"{burst['dropped_counted']}, unaccounted {burst['unaccounted']}, in order {burst['in_order']}, "
+               f"{burst['seconds_to_deliver']} s; other calls meanwhile: {oc['answered']} answered, "
+               f"{oc['failed']} failed" + (f", p50 {oc['latency']['p50_ms']:.1f} ms" if oc["latency"] else ""))
+    m = results["memory"]
+    out.append(f"worker RSS: {m['worker_rss_mb_before']} MB -> {m['worker_rss_mb_after']} MB over {m['calls']} calls "
+               f"(growth {m['growth_mb']} MB; target < 20); {m['errors']} errors; zygote {m['zygote_rss_mb_after']}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    started = time.monotonic()
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        import engine.wasm  # noqa: F401
+
+        with_wasm = True
+    except ImportError:
+        with_wasm = False
+    root = Path(tempfile.mkdtemp(prefix="librefang-bench-"))
+    service = LiveService(root)
+    write_plugins(service.home, with_wasm)
+    write_config(service.home, plugin="bench_py")
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                    "hook_python": find_launcher("python"), "loadavg_at_start": os.getloadavg()},
+        "scale": SCALE, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    spawn = DirectSpawn(service.home)
+    engine = EngineDirect(service.home)
+    try:
+        results["direct"] = phase_direct(service.home, spawn, engine, with_wasm)
+        warmstart.shutdown()
+        log("starting the service (daphne + 1 worker + Redis)")
+        service.start(workers=1)
+        results["rest"] = {}
+        results["throughput"] = {"direct": {}}
+        restart_worker(service, warm=False)
+        results["rest"]["cold"] = phase_rest(service, spawn, "cold")
+        results["throughput"]["rest_cold"] = phase_throughput(service, spawn, "cold", results["throughput"]["direct"])
+        restart_worker(service, warm=True)
+        results["rest"]["warm"] = phase_rest(service, spawn, "warm")
+        results["throughput"]["rest_warm"] = phase_throughput(service, spawn, "warm", results["throughput"]["direct"])
+        results["stderr"] = phase_stderr(service)
+        results["memory"] = phase_memory(service)
+    finally:
+        service.stop()
+        results["seconds"] = round(time.monotonic() - started, 1)
+        results["machine"]["loadavg_at_end"] = os.getloadavg()
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print()
+    print(table(results))
+    print(f"\n{results['seconds']} s; full results in {RESULTS.relative_to(REPO)}")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
