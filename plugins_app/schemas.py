@@ -130,3 +130,182 @@ class HealthOut(Schema):
     redis: bool
     database: bool
     workers: list[dict[str, Any]]
+
+
+# ---- plugin management ----
+
+PluginName = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+HookName = Literal["ingest", "after_turn", "assemble", "compact", "bootstrap", "prepare_subagent", "merge_subagent",
+                   "transform_tool_result", "on_event"]
+
+
+class ScaffoldIn(Schema):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = Field("", max_length=500)
+    runtime: str = Field("python", max_length=32)
+    hooks: list[HookName] | None = None
+
+
+class InstallIn(Schema):
+    """`{"source":"local","path"}` | `{"source":"git","url","ref"?|"branch"?}` |
+    `{"source":"registry","name","registry"?|"github_repo"?}`"""
+
+    source: Literal["local", "git", "registry"]
+    path: str | None = Field(None, max_length=4096)
+    url: str | None = Field(None, max_length=4096)
+    ref: str | None = Field(None, max_length=256)
+    branch: str | None = Field(None, max_length=256)
+    name: str | None = Field(None, max_length=128)
+    registry: str | None = Field(None, max_length=4096)
+    github_repo: str | None = Field(None, max_length=256)
+
+
+class NameIn(Schema):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class UpdateIn(Schema):
+    force: bool = False
+
+
+class TestHookIn(Schema):
+    hook: HookName
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineConfigIn(Schema):
+    plugin: str | None = Field(None, max_length=128)
+    plugin_stack: list[str] | None = Field(None, max_length=32)
+
+
+class Open(Schema):
+    """An object with the listed fields and possibly more."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class PluginOut(Open):
+    name: str
+    display_name: str
+    version: str
+    description: str
+    author: str
+    runtime: str
+    enabled: bool
+    valid: bool
+    hooks_valid: bool
+    hooks: dict[str, str | None]
+    path: str
+    findings: list[dict[str, Any]]
+
+
+class PluginListOut(Schema):
+    items: list[PluginOut]
+    total: int
+    offset: int
+    limit: int | None
+
+
+class ScaffoldOut(Open):
+    scaffolded: bool
+    name: str
+    path: str
+    plugin: PluginOut
+
+
+class ReloadOut(Open):
+    status: str
+    name: str
+    version: str
+    hooks_valid: bool
+
+
+class EnabledOut(Open):
+    name: str
+    enabled: bool
+    changed: bool
+    message: str
+
+
+class InstallOut(Open):
+    installed: bool
+    name: str
+    version: str
+    path: str
+
+
+class UninstallOut(Open):
+    removed: bool
+    name: str
+
+
+class UpdateOut(Open):
+    updated: bool
+    name: str
+    version: str
+
+
+class LintOut(Schema):
+    plugin: str
+    ok: bool
+    errors: list[dict[str, Any]]
+    warnings: list[dict[str, Any]]
+
+
+class DoctorOut(Open):
+    runtimes: list[dict[str, Any]]
+    plugins: list[dict[str, Any]]
+
+
+class TestHookOut(Open):
+    ok: bool
+    success: bool
+    plugin: str
+    hook: str
+    reply: Any = None
+    error: dict[str, Any] | None = None
+    stderr: str
+    elapsed_ms: float | None = None
+    trace_id: str | None = None
+
+
+class TraceOut(Open):
+    trace_id: str
+    plugin: str
+    hook: str
+    success: bool
+    elapsed_ms: float
+
+
+class TraceListOut(Open):
+    traces: list[TraceOut]
+    count: int
+    filters: dict[str, Any]
+
+
+class ChainOut(Open):
+    mode: str
+    chain: list[dict[str, Any]]
+    chain_length: int
+
+
+class EngineConfigOut(Open):
+    mode: str
+    plugin: str | None
+    plugin_stack: list[str]
+
+
+class EngineHealthOut(Open):
+    healthy: bool
+    mode: str
+    active_plugins: list[str]
+    issues: list[dict[str, Any]]
+
+
+class MetricsSummaryOut(Open):
+    hooks: dict[str, dict[str, Any]]
+    totals: dict[str, Any]
+
+
+class ResetOut(Open):
+    reset: bool

@@ -1,6 +1,7 @@
 from ninja import NinjaAPI
 
 from plugins_app.api import context_engine, health
+from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.errors import install_handlers
 
@@ -16,4 +17,5 @@ api = NinjaAPI(
 install_handlers(api)
 api.add_router("/", health.router)
 api.add_router("/context-engine", context_engine.router)
+api.add_router("/plugins", plugins_api.router)
 api.add_router("/tools", tools_api.router)

@@ -3,16 +3,38 @@
 
 import json
 
-from django.http import HttpRequest
-from ninja import Router
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Router, Schema
+from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.errors import ApiError, json_response
-from plugins_app.api.security import AGENT, VIEWER
-from plugins_app.schemas import HOOK_REQUEST_SCHEMAS, Accepted, ErrorEnvelope, HookReply, MetricsOut
+from plugins_app.api.security import ADMIN, AGENT, VIEWER, actor
+from plugins_app.schemas import (
+    HOOK_REQUEST_SCHEMAS,
+    Accepted,
+    ChainOut,
+    EngineConfigIn,
+    EngineConfigOut,
+    EngineHealthOut,
+    ErrorEnvelope,
+    HookReply,
+    MetricsOut,
+    MetricsSummaryOut,
+    ResetOut,
+    TraceListOut,
+    TraceOut,
+)
+from plugins_app.selectors import config as config_selectors
+from plugins_app.selectors import doctor as doctor_selectors
+from plugins_app.selectors import metrics_export
+from plugins_app.selectors import traces as trace_selectors
 from plugins_app.selectors.metrics import metrics_by_plugin
 from plugins_app.services import hooks as hook_service
+from plugins_app.services import metrics as metrics_service
+from plugins_app.services import plugins as plugin_service
+from plugins_app.services.plugins import PluginError
 
 router = Router(tags=["context-engine"])
 
@@ -45,7 +67,8 @@ def _make_hook_route(hook: str):
     schema = HOOK_REQUEST_SCHEMAS[hook]
     fire_and_forget = hook in ("after_turn", "on_event")
     responses = {202: Accepted} if fire_and_forget else {200: HookReply}
-    responses.update({400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 413: ErrorEnvelope})
+    responses.update({400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 413: ErrorEnvelope,
+                      502: ErrorEnvelope})
 
     async def call(request: HttpRequest, body: schema):  # type: ignore[valid-type]
         data = validated(hook, parse_body(request))
@@ -74,3 +97,100 @@ def unknown_hook(request, hook: str):
 def metrics(request):
     """Per plugin, per hook: calls, successes, failures, latency_ms_total (+ p50/p95/p99, last error)."""
     return json_response(metrics_by_plugin())
+
+
+# ---- metrics, traces, chain, config, health ----
+
+E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
+     413: ErrorEnvelope}
+
+
+@router.get("/metrics/summary", auth=VIEWER, response={200: MetricsSummaryOut, **E},
+            operation_id="metrics_summary")
+def metrics_summary(request):
+    """Per hook (summed over plugins) and totals: calls, successes, failures, total_ms, avg_ms, error_rate_pct."""
+    return json_response(metrics_export.summary())
+
+
+@router.get("/metrics/prometheus", auth=VIEWER, response={200: str, **E}, operation_id="metrics_prometheus",
+            openapi_extra={"responses": {"200": {"description": "Prometheus text format 0.0.4",
+                                                 "content": {"text/plain": {"schema": {"type": "string"}}}}}})
+def metrics_prometheus(request):
+    return HttpResponse(metrics_export.prometheus(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+class ResetIn(Schema):
+    plugin: str | None = Field(None, max_length=128)
+
+
+@router.post("/metrics/reset", auth=ADMIN, response={200: ResetOut, **E}, operation_id="metrics_reset")
+def metrics_reset(request, body: ResetIn | None = None):
+    """Zero the persisted counters (all plugins, or one with {"plugin": name}). Traces are kept."""
+    return json_response(metrics_service.reset_metrics(actor(request), body.plugin if body else None))
+
+
+class TraceFilters(Schema):
+    plugin: str | None = Field(None, max_length=128)
+    hook: str | None = Field(None, max_length=40)
+    agent: str | None = Field(None, max_length=200)
+    failures_only: bool = False
+    limit: int = Field(50, ge=1, le=500)
+
+
+@router.get("/traces", auth=VIEWER, response={200: TraceListOut, **E}, operation_id="traces_list")
+def traces(request, filters: Query[TraceFilters]):
+    """Newest first, filtered by plugin, hook, agent and failures only."""
+    items = trace_selectors.list_traces(filters.plugin, filters.hook, filters.agent, filters.failures_only,
+                                        filters.limit)
+    return json_response({"traces": items, "count": len(items), "limit": filters.limit,
+                          "filters": filters.model_dump(exclude={"limit"})})
+
+
+@router.get("/traces/{trace_id}", auth=VIEWER, response={200: TraceOut, **E}, operation_id="traces_get")
+def trace(request, trace_id: str):
+    try:
+        found = trace_selectors.get_trace(trace_id)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_trace_id", str(exc)) from exc
+    if found is None:
+        raise ApiError(404, "not_found", f"no trace {trace_id}")
+    return json_response(found)
+
+
+@router.get("/chain", auth=VIEWER, response={200: ChainOut, **E}, operation_id="engine_chain")
+def chain(request):
+    """The configured plugin or stack, layer by layer; the default engine is the fallback."""
+    return json_response(config_selectors.chain())
+
+
+@router.get("/config", auth=VIEWER, response={200: EngineConfigOut, **E}, operation_id="engine_config_get")
+def get_config(request):
+    return json_response(config_selectors.engine_config())
+
+
+@router.put("/config", auth=ADMIN, response={200: EngineConfigOut, **E}, operation_id="engine_config_put")
+def put_config(request, body: EngineConfigIn):
+    """`{"plugin": name}` or `{"plugin_stack": [a, b]}` (both null or empty: the default engine). Written to
+    config.toml atomically; comments and other settings are preserved."""
+    try:
+        return json_response(plugin_service.set_engine_config(body.plugin, body.plugin_stack, actor(request)))
+    except PluginError as exc:
+        raise ApiError(exc.status, exc.code, exc.message, exc.details) from exc
+
+
+@router.get("/health", auth=VIEWER, response={200: EngineHealthOut, **E}, operation_id="engine_health",
+            openapi_extra={"responses": {"503": {"description": "an active plugin has lint errors or is missing"}}})
+def engine_health(request):
+    """Lints every active plugin: 200 healthy, 503 with the issues otherwise."""
+    cfg = config_selectors.engine_config()
+    issues = []
+    for name in cfg["chain"]:
+        try:
+            report = doctor_selectors.lint(name)
+        except KeyError:
+            issues.append({"plugin": name, "errors": [{"id": "plugin.missing", "message": "not installed"}]})
+            continue
+        if not report["ok"]:
+            issues.append({"plugin": name, "errors": report["errors"]})
+    body = {"healthy": not issues, "mode": cfg["mode"], "active_plugins": cfg["serving"], "issues": issues}
+    return json_response(body, 200 if not issues else 503)

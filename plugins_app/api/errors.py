@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -58,6 +59,13 @@ def install_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(HttpError)
     def _http(request, exc: HttpError):
         return respond(request, exc.status_code, _code_for(exc.status_code), str(exc))
+
+    @api.exception_handler(RequestDataTooBig)
+    def _too_big(request, exc):
+        from django.conf import settings
+
+        return respond(request, 413, "payload_too_large",
+                       f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
 
     @api.exception_handler(Exception)
     def _unexpected(request, exc: Exception):

@@ -32,6 +32,13 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
     except Exception as exc:  # Redis down: the agent still gets an answer
         log.warning("bus unavailable for %s: %s", hook, exc)
         reply, reason = None, f"{P.WORKER_UNAVAILABLE}: job bus unreachable ({type(exc).__name__})"
+    if reply is not None and reply.get("aborted"):
+        # on_hook_failure = "abort": the agent gets an error, not a fallback (LibreFang aborts the turn)
+        err = reply.get("error") or {}
+        return 502, {"error": {"code": "hook_aborted",
+                               "message": f"{err.get('plugin', 'a plugin')} failed its {hook} hook and its "
+                                          f"on_hook_failure policy is abort: {err.get('message', '')}".strip(),
+                               "details": {**err, "trace_ids": reply.get("trace_ids", [])}}}
     if reply is not None and "_engine_error" not in reply:
         return 200, reply
     if reply is not None:

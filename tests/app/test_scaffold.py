@@ -8,9 +8,9 @@ import pytest
 from engine import hooks as H
 from engine.runtimes import RUNTIMES, find_launcher
 from engine.scaffold import ScaffoldError, plan
+from engine.stack import ContextEngine, EngineDeps
 from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request
-from engine.stack import ContextEngine, EngineDeps
 from plugins_app.services.plugins import PluginError, scaffold_plugin
 
 TEXT_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native"]

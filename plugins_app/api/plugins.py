@@ -1,0 +1,210 @@
+"""Plugin management routes, with LibreFang's paths and shapes (research §5.3).
+
+Roles (DESIGN §5, LibreFang #6631): owner for anything that runs or writes plugin code (scaffold, install, update,
+install-deps, reload, enable, test-hook); admin for disable and uninstall (shutting a bad plugin off); viewer reads.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+
+from engine import hooks as H
+from plugins_app.api.context_engine import validated
+from plugins_app.api.errors import ApiError, json_response
+from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
+from plugins_app.schemas import (
+    DoctorOut,
+    EnabledOut,
+    ErrorEnvelope,
+    InstallIn,
+    InstallOut,
+    LintOut,
+    NameIn,
+    PluginListOut,
+    PluginOut,
+    ReloadOut,
+    ScaffoldIn,
+    ScaffoldOut,
+    TestHookIn,
+    TestHookOut,
+    UninstallOut,
+    UpdateIn,
+    UpdateOut,
+)
+from plugins_app.selectors import doctor as doctor_selectors
+from plugins_app.selectors import plugins as plugin_selectors
+from plugins_app.services import hooks as hook_service
+from plugins_app.services import plugins as plugin_service
+from plugins_app.services.engine import get_engine
+from plugins_app.services.plugins import PluginError
+
+router = Router(tags=["plugins"])
+E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
+     413: ErrorEnvelope}
+
+
+def _err(exc: PluginError) -> ApiError:
+    return ApiError(exc.status, exc.code, exc.message, exc.details)
+
+
+def _lang(request: HttpRequest) -> str | None:
+    return request.headers.get("Accept-Language")
+
+
+class ListFilters(Schema):
+    enabled: bool | None = None
+    has_errors: bool | None = None
+
+
+@router.get("", auth=VIEWER, response={200: PluginListOut, **E}, operation_id="plugins_list")
+def list_plugins(request, filters: Query[ListFilters]):
+    """Every installed plugin with all nine hooks, validity, enabled, runtime and display_name."""
+    items = [p.to_dict() for p in plugin_selectors.list_plugins(_lang(request))]
+    if filters.enabled is not None:
+        items = [p for p in items if p["enabled"] == filters.enabled]
+    if filters.has_errors is not None:
+        items = [p for p in items if (not p["valid"] or not p["hooks_valid"]) == filters.has_errors]
+    return json_response({"items": items, "total": len(items), "offset": 0, "limit": None})
+
+
+@router.get("/doctor", auth=VIEWER, response={200: DoctorOut, **E}, operation_id="plugins_doctor")
+def doctor(request, fresh: bool = False):
+    """Every runtime probed (5 s cap each, cached 30 s unless `fresh`); per plugin runtime_available, hooks_valid
+    and findings with hints."""
+    return json_response(doctor_selectors.doctor(fresh=fresh))
+
+
+@router.post("/scaffold", auth=OWNER, response={201: ScaffoldOut, **E}, operation_id="plugins_scaffold")
+def scaffold(request, body: ScaffoldIn):
+    """Create a plugin from the runtime's templates (201); 409 when it exists; 400 for a bad name or runtime."""
+    try:
+        summary = plugin_service.scaffold_plugin(body.name, body.description, body.runtime, body.hooks,
+                                                 actor=actor(request))
+    except PluginError as exc:
+        raise _err(exc) from exc
+    return json_response({"scaffolded": True, "name": summary.name, "path": summary.path,
+                          "plugin": summary.to_dict()}, 201)
+
+
+@router.post("/install", auth=OWNER, response={201: InstallOut, **E}, operation_id="plugins_install")
+def install(request, body: InstallIn):
+    """Install from a local path, a git URL (optional ref) or a registry (git repo or local dir with
+    plugins/<name>/). Honours `Idempotency-Key`; checks [integrity]; never copies symlinks; records plugins.lock."""
+    key = request.headers.get("Idempotency-Key")
+    try:
+        result = plugin_service.install_plugin(body.model_dump(exclude_none=True), actor=actor(request),
+                                               idempotency_key=key)
+    except PluginError as exc:
+        raise _err(exc) from exc
+    return json_response(result, 201)
+
+
+@router.post("/uninstall", auth=ADMIN, response={200: UninstallOut, **E}, operation_id="plugins_uninstall")
+def uninstall(request, body: NameIn):
+    try:
+        return json_response(plugin_service.uninstall_plugin(body.name, actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+def _plugin_or_404(name: str, request: HttpRequest):
+    summary = plugin_selectors.get_plugin(name, _lang(request))
+    if summary is None:
+        raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
+    return summary
+
+
+@router.get("/{name}", auth=VIEWER, response={200: PluginOut, **E}, operation_id="plugins_get")
+def get_plugin(request, name: str):
+    summary = _plugin_or_404(name, request)
+    data = summary.to_dict()
+    entry = get_engine().catalog.get(name)
+    m = entry.plugin.manifest if entry.plugin else None
+    if m is not None:
+        data.update(requirements=m.requirements, plugin_depends=m.plugin_depends, integrity_count=len(m.integrity),
+                    hook_timeout_secs=m.hooks.hook_timeout_secs, on_hook_failure=m.hooks.on_hook_failure,
+                    env_keys=sorted(m.env))
+    return json_response(data)
+
+
+@router.get("/{name}/lint", auth=VIEWER, response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")
+def lint(request, name: str):
+    """200 when the plugin has no errors, 422 with the report when it has."""
+    try:
+        report = doctor_selectors.lint(name)
+    except KeyError as exc:
+        raise ApiError(404, "not_found", f"plugin {name!r} is not installed") from exc
+    return json_response(report, 200 if report["ok"] else 422)
+
+
+@router.post("/{name}/reload", auth=OWNER, response={200: ReloadOut, **E}, operation_id="plugins_reload")
+def reload(request, name: str):
+    """Re-read plugin.toml: timeout, [env], hooks and runtime apply to the next call. A broken manifest gets 400
+    and the previous configuration keeps serving."""
+    try:
+        return json_response(plugin_service.reload_plugin(name, actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+@router.post("/{name}/enable", auth=OWNER, response={200: EnabledOut, **E}, operation_id="plugins_enable")
+def enable(request, name: str):
+    try:
+        return json_response(plugin_service.set_enabled(name, True, actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+@router.post("/{name}/disable", auth=ADMIN, response={200: EnabledOut, **E}, operation_id="plugins_disable")
+def disable(request, name: str):
+    try:
+        return json_response(plugin_service.set_enabled(name, False, actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+@router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update")
+def update(request, name: str, body: UpdateIn | None = None):
+    """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
+    try:
+        return json_response(plugin_service.update_plugin(name, bool(body and body.force), actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+@router.post("/{name}/install-deps", auth=OWNER, response={200: dict, **E}, operation_id="plugins_install_deps")
+def install_deps(request, name: str):
+    try:
+        return json_response(plugin_service.install_deps(name, actor=actor(request)))
+    except PluginError as exc:
+        raise _err(exc) from exc
+
+
+def _test_hook_timeout(name: str, hook: str) -> float:
+    catalog = get_engine().catalog
+    if not catalog.exists(name):
+        raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
+    entry = catalog.get(name)
+    if entry.plugin is None:
+        raise ApiError(400, "invalid_manifest", f"plugin {name!r} cannot be loaded",
+                       [f.to_dict() for f in entry.problems])
+    settings = entry.plugin.manifest.hooks
+    if not settings.script_for(hook):
+        raise ApiError(400, "hook_not_declared", f"plugin {name!r} does not declare the {hook} hook",
+                       {"declared": sorted(settings.declared_hooks())})
+    return settings.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
+
+
+@router.post("/{name}/test-hook", auth=OWNER, response={200: TestHookOut, **E}, operation_id="plugins_test_hook")
+async def test_hook(request, name: str, body: TestHookIn):
+    """Run this plugin's hook once through a worker, whatever the active configuration. `error` carries the
+    classified failure (timeout, script_error with exit code, empty_output, …)."""
+    validated(body.hook, body.input)
+    timeout = await sync_to_async(_test_hook_timeout)(name, body.hook)
+    reply = await hook_service.test_hook(name, body.hook, body.input, timeout)
+    out = {"plugin": name, "hook": body.hook, "ok": bool(reply.get("ok")), "success": bool(reply.get("ok")),
+           "reply": reply.get("reply"), "error": reply.get("error"), "stderr": reply.get("stderr") or "",
+           "elapsed_ms": reply.get("elapsed_ms"), "trace_id": reply.get("trace_id")}
+    return json_response(out)
