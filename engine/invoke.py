@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -22,6 +23,8 @@ from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.protocol import Failure
 from engine.runner import HookCall, HookResult, StderrCallback, run_hook
 
+# stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).
+STDERR_LOGGERS = {False: logging.getLogger("plugin_stderr"), True: logging.getLogger("python_stderr")}
 PREVIEW_BYTES = 2048
 STDERR_TAIL_BYTES = 4096
 
@@ -238,13 +241,23 @@ def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocat
 
 def _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id, warnings,
               judge, sleep, trace_id, started_wall, result, attempt_warnings) -> Attempt:
+    stderr_log = STDERR_LOGGERS[call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher]
     for n in range(attempts):
         if n:
             sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)
             trace_id = new_trace_id()
             started_wall = time.time()
         tid = trace_id
-        result = execute(call, on_stderr=lambda line, tid=tid: stderr.line(entry.name, hook, line, tid))
+
+        def on_line(line: str, tid: str = tid, stderr_log: logging.Logger = stderr_log) -> None:
+            stderr_log.info("%s", line, extra={"plugin": entry.name, "hook": hook, "trace_id": tid})
+            stderr.line(entry.name, hook, line, tid)
+
+        result = execute(call, on_stderr=on_line)
+        if result.stderr.strip():
+            stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", entry.name, hook, len(result.stderr),
+                             result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
+                                                                        "trace_id": tid})
         attempt_warnings = list(warnings)
         if result.ok and judge is not None:
             problem, extra = judge(result.reply)

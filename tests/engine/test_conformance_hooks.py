@@ -362,3 +362,19 @@ def test_shared_state_gives_each_agent_its_own_state_file(engine, ehome):
            for agent in ("a/1", "a/1", "b")]
     assert got == ["call 1", "call 2", "call 1"]
     assert json.loads((ehome.data_dir("stateful") / "agents" / "a_1" / "state.json").read_text()) == {"n": 2}
+
+
+def test_stderr_lines_go_to_the_stderr_loggers_and_the_sink(engine, ehome, sinks, caplog):
+    import logging
+
+    src = ("import sys, json; sys.stdin.read(); print('line one', file=sys.stderr); "
+           "print('line two', file=sys.stderr); print('{}')")
+    single(ehome, "noisy", {"ingest": src})
+    with caplog.at_level(logging.DEBUG, logger="python_stderr"):
+        engine.handle("ingest", {"message": "x"})
+    lines = [(r.name, r.levelname, r.getMessage(), r.plugin, r.hook) for r in caplog.records
+             if r.name == "python_stderr" and r.levelname == "INFO"]
+    assert lines == [("python_stderr", "INFO", "line one", "noisy", "ingest"),
+                     ("python_stderr", "INFO", "line two", "noisy", "ingest")]
+    assert any(r.name == "python_stderr" and r.levelname == "DEBUG" for r in caplog.records)  # one-record summary
+    assert sinks["stderr"].lines == [("noisy", "ingest", "line one"), ("noisy", "ingest", "line two")]
