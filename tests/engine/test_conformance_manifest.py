@@ -289,3 +289,15 @@ def test_findings_serialise_with_id_severity_message_and_hint():
     assert json.loads(json.dumps([f.to_dict() for f in found])) == [
         {"id": "manifest.unknown_key", "severity": "warning", "message": "unknown top-level key `zzz` is ignored",
          "hint": "Check the spelling against the plugin.toml reference."}]
+
+
+def test_every_finding_id_the_engine_emits_is_catalogued():
+    import re
+
+    from engine.findings import ENGINE_FINDINGS
+
+    root = Path(__file__).resolve().parents[2] / "engine"
+    emitted = set()
+    for name in ("manifest.py", "catalog.py"):
+        emitted |= set(re.findall(r'F\.(?:error|warning)\(\s*"([a-z_]+\.[a-z_]+)"', (root / name).read_text()))
+    assert emitted and emitted == set(ENGINE_FINDINGS)
