@@ -12,19 +12,20 @@ DEFAULT_AFTER_TURN_MAX_CHARS = 500
 def normalise(hook: str, request: dict[str, Any], *, after_turn_max_chars: int | None = None,
               context_window_tokens: int = 200_000) -> dict[str, Any]:
     """The request exactly as a plugin receives it. Unknown extra fields from the agent are passed through."""
-    req = dict(request)
+    req = dict(request) if isinstance(request, dict) else {}
     if hook == H.ON_EVENT:
         return {"event": req.get("event", req)}
     req["type"] = hook
     if hook == H.INGEST:
-        req.setdefault("agent_id", "")
-        req.setdefault("message", "")
+        req["agent_id"] = _text(req.get("agent_id"))
+        req["message"] = _text(req.get("message"))
         req.setdefault("peer_id", None)
     elif hook in (H.ASSEMBLE, H.COMPACT, H.AFTER_TURN):
         req.setdefault("agent_id", "")
-        req["messages"] = list(req.get("messages") or [])
+        messages = req.get("messages")
+        req["messages"] = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
         if hook != H.AFTER_TURN:
-            req.setdefault("context_window_tokens", context_window_tokens)
+            req["context_window_tokens"] = _positive_int(req.get("context_window_tokens"), context_window_tokens)
         if hook == H.ASSEMBLE:
             req.setdefault("system_prompt", "")
         if hook == H.COMPACT:
@@ -37,7 +38,7 @@ def normalise(hook: str, request: dict[str, Any], *, after_turn_max_chars: int |
             if limit:
                 req["messages"] = [truncate_message(m, limit) for m in req["messages"]]
     elif hook == H.BOOTSTRAP:
-        req.setdefault("context_window_tokens", context_window_tokens)
+        req["context_window_tokens"] = _positive_int(req.get("context_window_tokens"), context_window_tokens)
         req.setdefault("stable_prefix_mode", False)
         req.setdefault("max_recall_results", 5)
     elif hook in (H.PREPARE_SUBAGENT, H.MERGE_SUBAGENT):
@@ -63,6 +64,19 @@ def normalise(hook: str, request: dict[str, Any], *, after_turn_max_chars: int |
         req.setdefault("is_error", False)
         req.setdefault("status", "error" if req["is_error"] else "success")
     return req
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _positive_int(value: Any, default: int) -> int:
+    """Agents send numbers; anything else (missing, text, negative, bool) becomes the configured default."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return default
+    return int(value)
 
 
 def truncate_message(message: Any, limit: int) -> Any:

@@ -378,3 +378,16 @@ def test_stderr_lines_go_to_the_stderr_loggers_and_the_sink(engine, ehome, sinks
                      ("python_stderr", "INFO", "line two", "noisy", "ingest")]
     assert any(r.name == "python_stderr" and r.levelname == "DEBUG" for r in caplog.records)  # one-record summary
     assert sinks["stderr"].lines == [("noisy", "ingest", "line one"), ("noisy", "ingest", "line two")]
+
+
+def test_malformed_requests_are_normalised_not_crashed_on(engine, ehome):
+    for hook, req in [("assemble", {"messages": "not a list", "context_window_tokens": "big"}),
+                      ("compact", {"messages": [1, None, {"role": "user", "content": "hi"}],
+                                   "context_window_tokens": -5}),
+                      ("after_turn", {"messages": {"role": "user"}}),
+                      ("bootstrap", {"context_window_tokens": True}),
+                      ("ingest", {"message": None, "agent_id": None})]:
+        reply = engine.handle(hook, req)
+        assert reply.source == "default" and not reply.aborted, hook
+    reply = engine.handle("compact", {"messages": [1, {"role": "user", "content": "hi"}], "context_window_tokens": -5})
+    assert reply.result["messages"] == [{"role": "user", "content": "hi"}]
