@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 import threading
 import time
 import tomllib
@@ -277,6 +278,9 @@ class CompiledModule:
     warnings: list[str] = field(default_factory=list)
     min_memory_bytes: int = 0
     instance_pres: dict[frozenset, wasmtime.InstancePre] = field(default_factory=dict)
+    imports: tuple[tuple[str, str], ...] = ()
+    abi_problem: str | None = None  # a required export missing or mistyped (checked once per compiled module)
+    import_checks: dict[tuple, tuple[frozenset, bool] | WasmError] = field(default_factory=dict)
 
 
 _MEM_CACHE_MAX = 256
@@ -386,14 +390,26 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def _compiled(module: wasmtime.Module, sha: str, size: int, state: str, warnings: list[str]) -> CompiledModule:
     min_mem = 0
+    exports: dict[str, Any] = {}
     for exp in module.exports:
         ty = exp.type
+        exports[exp.name] = ty
         if isinstance(ty, wasmtime.MemoryType):
             min_mem = max(min_mem, ty.limits.min * PAGE)
+    imports = []
     for imp in module.imports:
+        imports.append((imp.module, imp.name or ""))
         if isinstance(imp.type, wasmtime.MemoryType):
             min_mem = max(min_mem, imp.type.limits.min * PAGE)
-    return CompiledModule(module, sha, size, state, warnings, min_mem)
+    problem = None
+    alloc, entry = exports.get("az_alloc"), exports.get("az_tool_execute")
+    if not isinstance(exports.get("memory"), wasmtime.MemoryType):
+        problem = "module does not export 'memory'"
+    elif not isinstance(alloc, wasmtime.FuncType) or not _sig(alloc, [_I32], [_I32]):
+        problem = "module is missing the 'az_alloc' export (expected fn(i32) -> i32)"
+    elif not isinstance(entry, wasmtime.FuncType) or not _sig(entry, [_I32, _I32], [_I64]):
+        problem = "module is missing the 'az_tool_execute' export (expected fn(i32, i32) -> i64)"
+    return CompiledModule(module, sha, size, state, warnings, min_mem, imports=tuple(imports), abi_problem=problem)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -414,13 +430,27 @@ def declared(name: str, capabilities: Iterable[str]) -> bool:
     return name == "az_read_file" and bool({"wasi:filesystem/read", "wasi:filesystem/read-write"} & caps)
 
 
-def check_imports(module: wasmtime.Module, capabilities: Iterable[str], policy: WasmPolicy) -> tuple[frozenset, bool]:
+def check_imports(compiled: CompiledModule, capabilities: Iterable[str], policy: WasmPolicy) -> tuple[frozenset, bool]:
     """(host calls to link, needs WASI). Raises WasmError(IMPORT_DENIED) naming the first refused import."""
-    caps = list(capabilities)
+    caps = tuple(capabilities)
+    key = (caps, policy)
+    hit = compiled.import_checks.get(key)
+    if hit is None:
+        try:
+            hit = _check_imports(compiled.imports, caps, policy)
+        except WasmError as exc:
+            hit = exc
+        compiled.import_checks[key] = hit
+    if isinstance(hit, WasmError):
+        raise WasmError(hit.kind, hit.message)
+    return hit
+
+
+def _check_imports(imports: Iterable[tuple[str, str]], caps: tuple[str, ...], policy: WasmPolicy) \
+        -> tuple[frozenset, bool]:
     names: set[str] = set()
     wasi = False
-    for imp in module.imports:
-        mod, name = imp.module, imp.name or ""
+    for mod, name in imports:
         if mod == WASI_MODULE:
             wasi = True
             continue
@@ -649,7 +679,9 @@ def execute(wasm_path: Path, input_bytes: bytes, *, policy: WasmPolicy, capabili
     """Run az_tool_execute once on a fresh instance; the raw output bytes. Raises WasmError (classified)."""
     started = time.monotonic()
     compiled = load_module(wasm_path, policy)
-    names, wasi = check_imports(compiled.module, capabilities, policy)
+    names, wasi = check_imports(compiled, capabilities, policy)
+    if compiled.abi_problem:
+        raise WasmError(ABI_ERROR, compiled.abi_problem)
     limit_mb = min(policy.memory_limit_mb, memory_limit_mb or policy.memory_limit_mb)
     limit = limit_mb * 1024 * 1024
     if compiled.min_memory_bytes > limit:
@@ -663,35 +695,54 @@ def execute(wasm_path: Path, input_bytes: bytes, *, policy: WasmPolicy, capabili
     store.set_limits(memory_size=limit)
     store.set_fuel(policy.fuel_limit or NO_FUEL_LIMIT)
     store.set_epoch_deadline(max(1, math.ceil(timeout_secs / TICK_SECS)) + 1)
+    stderr_path = None
     if wasi:
-        store.set_wasi(_wasi_config(wasi_dir, policy, ctx))
+        stderr_path = _stderr_file()
+        store.set_wasi(_wasi_config(wasi_dir, policy, stderr_path))
     _current.ctx = ctx
     try:
         with _ticker:
             output = _run(store, compiled, names, wasi, input_bytes, limit, ctx, policy, timeout_secs)
     finally:
         _current.ctx = None
+        if stderr_path is not None:
+            _drain_stderr(stderr_path, ctx)
     return Execution(output, ctx.logs, (time.monotonic() - started) * 1000, compiled.sha256, compiled.cache,
                      compiled.warnings)
 
 
-def _wasi_config(wasi_dir: Path | None, policy: WasmPolicy, ctx: CallContext) -> wasmtime.WasiConfig:
+def _wasi_config(wasi_dir: Path | None, policy: WasmPolicy, stderr_path: str | None) -> wasmtime.WasiConfig:
+    """WASI preview1 for guests that import it: no args, no env, no stdin; stderr to a file we read after the call
+    (no Python callbacks from wasmtime's I/O threads); the workspace pre-opened at "." only when the policy allows."""
     cfg = wasmtime.WasiConfig()
-    partial = bytearray()
-
-    def stderr(data: bytes) -> None:  # the guest's stderr joins az_log lines on the live stream
-        partial.extend(data)
-        *lines, rest = bytes(partial).split(b"\n")
-        partial[:] = rest
-        for line in lines:
-            text = line.decode("utf-8", errors="replace").rstrip("\r")
-            if text.strip():
-                _log(ctx, text)
-
-    cfg.stderr_custom = stderr
+    if stderr_path is not None:
+        cfg.stderr_file = stderr_path
     if wasi_dir is not None and (policy.allow_workspace_read or policy.allow_workspace_write) and wasi_dir.is_dir():
         cfg.preopen_dir(str(wasi_dir), ".", policy.allow_workspace_write)
     return cfg
+
+
+def _stderr_file() -> str:
+    fd, path = tempfile.mkstemp(prefix="lf-wasm-stderr-")
+    os.close(fd)
+    return path
+
+
+def _drain_stderr(path: str, ctx: CallContext) -> None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(OUTPUT_CAP_BYTES)
+    except OSError:
+        data = b""
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    for line in data.split(b"\n"):
+        text = line.decode("utf-8", errors="replace").rstrip("\r")
+        if text.strip():
+            _log(ctx, text)
 
 
 def _run(store: wasmtime.Store, compiled: CompiledModule, names: frozenset, wasi: bool, input_bytes: bytes,
@@ -711,15 +762,7 @@ def _run(store: wasmtime.Store, compiled: CompiledModule, names: frozenset, wasi
             raise WasmError(MEMORY_LIMIT, f"failed to instantiate module: {_first_line(exc)}") from exc
         raise WasmError(ABI_ERROR, f"failed to instantiate module: {_first_line(exc)}") from exc
     exports = instance.exports(store)
-    memory = exports.get("memory")
-    if not isinstance(memory, wasmtime.Memory):
-        raise WasmError(ABI_ERROR, "module does not export 'memory'")
-    alloc = exports.get("az_alloc")
-    if not isinstance(alloc, wasmtime.Func) or not _sig(alloc.type(store), [_I32], [_I32]):
-        raise WasmError(ABI_ERROR, "module is missing the 'az_alloc' export (expected fn(i32) -> i32)")
-    entry = exports.get("az_tool_execute")
-    if not isinstance(entry, wasmtime.Func) or not _sig(entry.type(store), [_I32, _I32], [_I64]):
-        raise WasmError(ABI_ERROR, "module is missing the 'az_tool_execute' export (expected fn(i32, i32) -> i64)")
+    memory, alloc, entry = exports["memory"], exports["az_alloc"], exports["az_tool_execute"]
     try:
         ptr = alloc(store, len(input_bytes))
     except wasmtime.Trap as exc:
@@ -824,6 +867,21 @@ def _home_config_path(call: Any) -> Path | None:
     return Path(call.data_dir).parent.parent / "config.toml"
 
 
+def narrowed(policy: WasmPolicy, *, network: bool, filesystem: bool) -> WasmPolicy:
+    """The policy minus what the plugin's own `allow_network = false` / `allow_filesystem = false` turn off."""
+    drop = set()
+    if not network:
+        drop |= {"az_http_get", "az::az_http_get"}
+    if not filesystem:
+        drop |= {"az_read_file", "az::az_read_file"}
+    if not drop:
+        return policy
+    return replace(policy, allowed_host_calls=tuple(c for c in policy.allowed_host_calls if c not in drop),
+                   allow_network=policy.allow_network and network,
+                   allow_workspace_read=policy.allow_workspace_read and filesystem,
+                   allow_workspace_write=policy.allow_workspace_write and filesystem)
+
+
 def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                   policy: WasmPolicy | None = None) -> Any:
     """Run one `runtime = "wasm"` hook (an engine.runner.HookCall); an engine.runner.HookResult, never raises."""
@@ -845,6 +903,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
     if policy is None:
         config_path = _home_config_path(call)
         policy = policy_for(config_path) if config_path else WasmPolicy()
+    policy = narrowed(policy, network=getattr(call, "allow_network", True) is not False,
+                      filesystem=getattr(call, "allow_filesystem", True) is not False)
     if call.data_dir is not None:
         Path(call.data_dir).mkdir(parents=True, exist_ok=True)
     payload = json.dumps(call.request, ensure_ascii=False).encode("utf-8")
@@ -963,7 +1023,7 @@ def describe(wasm_path: Path, policy: WasmPolicy, capabilities: Iterable[str] = 
     cached = _describe_cache.get(compiled.sha256)
     if cached is not None:
         return cached
-    names, wasi = check_imports(compiled.module, capabilities, policy)
+    names, wasi = check_imports(compiled, capabilities, policy)
     info: dict[str, Any] = {"name": None, "schema": None, "sha256": compiled.sha256,
                             "imports": [f"{i.module}::{i.name}" for i in compiled.module.imports]}
     store = wasmtime.Store(get_engine())
@@ -972,7 +1032,7 @@ def describe(wasm_path: Path, policy: WasmPolicy, capabilities: Iterable[str] = 
     store.set_epoch_deadline(max(1, math.ceil(timeout_secs / TICK_SECS)) + 1)
     ctx = CallContext(env={}, read_root=None, policy=policy, deadline=time.monotonic() + timeout_secs)
     if wasi:
-        store.set_wasi(_wasi_config(None, policy, ctx))
+        store.set_wasi(_wasi_config(None, policy, None))
     _current.ctx = ctx
     try:
         with _ticker:

@@ -290,3 +290,44 @@ def test_it_keeps_the_last_good_policy_when_config_breaks(tmp_path):
     config.write_text('[runtime.wasm]\nmemory_limit_mb = "lots"\n')
     assert cache.get().memory_limit_mb == 8
     assert "memory_limit_mb must be a positive integer" in cache.error
+
+
+def test_it_gates_wasi_filesystem_access_by_policy(tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("hello wasi")
+    (tmp_path / "secret.txt").write_text("outside")
+    path = write_fixture(tmp_path / "mods", "wasi_fs")
+    read_only = W.WasmPolicy(allow_workspace_read=True)
+    read_write = W.WasmPolicy(allow_workspace_read=True, allow_workspace_write=True)
+    cases = [
+        (POLICY, b"ra.txt", b"errno:08"),  # nothing pre-opened: every filesystem call fails (EBADF)
+        (read_only, b"ra.txt", b"hello wasi"),
+        (read_only, b"wb.txt", b"errno:63"),  # read-only pre-open refuses writes (EPERM)
+        (read_only, b"r../secret.txt", b"errno:63"),  # no escape from the pre-opened directory
+        (read_write, b"wb.txt", b"ok"),
+    ]
+    for policy, data, expected in cases:
+        logs = []
+        assert run(path, data, policy, wasi_dir=workspace, on_log=logs.append).output == expected, (policy, data)
+        assert logs == ["wasi says hi"]  # the guest's WASI stderr joins the log stream
+    assert (workspace / "b.txt").read_text() == "written"
+
+
+def test_it_reads_az_tool_schema_when_exported(tmp_path):
+    schema = '{"type":"object","properties":{"city":{"type":"string"}}}'
+    escaped = schema.replace('"', '\\"')
+    wat = f"""(module
+      (memory (export "memory") 1)
+      (data (i32.const 100) "weather")
+      (data (i32.const 200) "{escaped}")
+      (func (export "az_alloc") (param i32) (result i32) (i32.const 4096))
+      (func (export "az_tool_name") (result i64) (i64.or (i64.const 100) (i64.shl (i64.const 7) (i64.const 32))))
+      (func (export "az_tool_schema") (result i64)
+        (i64.or (i64.const 200) (i64.shl (i64.const {len(schema)}) (i64.const 32))))
+      (func (export "az_tool_execute") (param i32 i32) (result i64) (i64.const 0)))"""
+    path = tmp_path / "weather.wasm"
+    path.write_bytes(compile_wat(wat))
+    info = W.describe(path, POLICY)
+    assert info["name"] == "weather"
+    assert info["schema"] == {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -144,3 +144,17 @@ def test_it_picks_up_a_replaced_module_on_the_next_call(ehome, engine):
     tmp.replace(path)
     assert engine.test_hook("swap", "ingest", {"message": "x", "agent_id": "a"}).reply == new
     shutil.rmtree(ehome.plugins_dir / "swap" / "hooks" / ".cache")
+
+
+def test_it_links_az_http_get_only_when_the_plugin_allows_network(ehome, engine):
+    wasm_plugin(ehome, "netty", {"ingest": fixture_wasm("host_http_get")}, hooks_extra="allow_network = true",
+                top_extra='[wasm]\ncapabilities = ["host:az_http_get"]\n')
+    write_config(ehome.root, extra='[runtime.wasm]\nallowed_host_calls = ["az::az_http_get"]\n'
+                                   'allowed_hosts = ["127.0.0.1"]')
+    allowed = engine.test_hook("netty", "ingest", {"message": "x", "agent_id": "a"})
+    assert allowed.ok, allowed.failure  # linked (the request JSON is not a URL, so the module gets 0 back)
+    text = (ehome.plugins_dir / "netty" / "plugin.toml").read_text()
+    (ehome.plugins_dir / "netty" / "plugin.toml").write_text(text.replace("allow_network = true",
+                                                                          "allow_network = false"))
+    denied = engine.test_hook("netty", "ingest", {"message": "x", "agent_id": "a"})
+    assert denied.failure.kind == W.IMPORT_DENIED and "az_http_get" in denied.failure.message
