@@ -22,6 +22,7 @@ from engine.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.protocol import Failure
 from engine.runner import HookCall, HookResult, StderrCallback, run_hook
+from engine.schemas import validate as validate_schema
 
 # stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).
 STDERR_LOGGERS = {False: logging.getLogger("plugin_stderr"), True: logging.getLogger("python_stderr")}
@@ -242,6 +243,10 @@ def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocat
 def _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id, warnings,
               judge, sleep, trace_id, started_wall, result, attempt_warnings) -> Attempt:
     stderr_log = STDERR_LOGGERS[call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher]
+    hook_schema = settings.hook_schemas.get(hook) if isinstance(settings.hook_schemas, dict) else None
+    hook_schema = hook_schema if isinstance(hook_schema, dict) else {}
+    if hook_schema.get("input"):
+        warnings = warnings + [f"input schema: {v}" for v in validate_schema(request, hook_schema["input"])]
     for n in range(attempts):
         if n:
             sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)
@@ -259,6 +264,13 @@ def _attempts(entry, hook, request, call, settings, attempts, invocations, stder
                              result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
                                                                         "trace_id": tid})
         attempt_warnings = list(warnings)
+        if result.ok and hook_schema.get("output"):
+            violations = validate_schema(result.reply, hook_schema["output"])
+            if violations and settings.output_schema_strict:
+                result.ok = False
+                result.failure = Failure(P.INVALID_OUTPUT, "output schema: " + "; ".join(violations[:5]))
+            else:
+                attempt_warnings += [f"output schema: {v}" for v in violations]
         if result.ok and judge is not None:
             problem, extra = judge(result.reply)
             attempt_warnings += extra

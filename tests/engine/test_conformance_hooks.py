@@ -391,3 +391,31 @@ def test_malformed_requests_are_normalised_not_crashed_on(engine, ehome):
         assert reply.source == "default" and not reply.aborted, hook
     reply = engine.handle("compact", {"messages": [1, {"role": "user", "content": "hi"}], "context_window_tokens": -5})
     assert reply.result["messages"] == [{"role": "user", "content": "hi"}]
+
+
+SCHEMAS = """
+[hooks.hook_schemas.ingest.input]
+type = "object"
+required = ["message", "session_id"]
+[hooks.hook_schemas.ingest.output]
+type = "object"
+required = ["memories"]
+properties = { memories = { type = "array", items = { type = "object", required = ["content"] } } }
+"""
+
+
+def test_hook_schemas_warn_on_input_and_output_and_strict_output_fails(engine, ehome, sinks):
+    make_plugin(ehome.plugins_dir, "schemed", {"ingest": recorder("ingest", '{"memories": [{"text": "no content"}]}')})
+    toml = ehome.plugins_dir / "schemed" / "plugin.toml"
+    toml.write_text(toml.read_text() + SCHEMAS)
+    write_config(ehome.root, plugin="schemed")
+    engine.handle("ingest", {"message": "x"})
+    assert sinks["invocations"].items[-1].ok
+    assert sinks["invocations"].items[-1].annotations == {"warnings": [
+        "input schema: $: missing required field 'session_id'",
+        "output schema: $.memories[0]: missing required field 'content'"]}
+    toml.write_text(toml.read_text().replace("[hooks.hook_schemas.ingest.input]", "output_schema_strict = true\n\n"
+                                             "[hooks.hook_schemas.ingest.input]"))
+    reply = engine.handle("ingest", {"message": "x"})
+    assert reply.fallback_reason == ("schemed: invalid_output: output schema: $.memories[0]: missing required "
+                                     "field 'content'")
