@@ -940,8 +940,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
 
 SCAFFOLD_REPLIES = {
     "ingest": {"type": "ingest_result", "memories": []},
-    "assemble": {"messages": []},
-    "compact": {"type": "skip"},
+    "assemble": {"type": "assemble_result", "messages": []},
+    "compact": {"type": "compact_result", "messages": []},
     "after_turn": {"type": "ok"},
     "bootstrap": {"type": "ok"},
     "prepare_subagent": {"type": "ok"},
@@ -1000,7 +1000,8 @@ def scaffold_files(name: str, description: str, hooks: list[str]) -> dict[str, b
         files[f"hooks/{hook}.wasm"] = bytes(wasmtime.wat2wasm(wat))
         lines.append(f'{hook} = "hooks/{hook}.wasm"')
     lines += ["", "# Host calls beyond az_log need a capability here AND the service policy",
-              "# ([runtime.wasm] allowed_host_calls in config.toml), e.g. \"host:az_env_get\".",
+              "# ([runtime.wasm] allowed_host_calls in config.toml), e.g. \"host:az_env_get\";",
+              "# az_http_get also needs allow_network = true in [hooks] and the host in allowed_hosts.",
               "[wasm]", "capabilities = []", ""]
     files["plugin.toml"] = "\n".join(lines).encode("utf-8")
     return files
@@ -1061,3 +1062,50 @@ def describe(wasm_path: Path, policy: WasmPolicy, capabilities: Iterable[str] = 
         _current.ctx = None
     _describe_cache[compiled.sha256] = info
     return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static checks for lint/doctor (compiles, never runs module code)
+# ---------------------------------------------------------------------------------------------------------------
+
+_KIND_FINDING = {MODULE_INVALID: "wasm.module_invalid", IMPORT_DENIED: "wasm.import_denied",
+                 MODULE_TOO_LARGE: "wasm.module_too_large", P.SCRIPT_NOT_FOUND: "wasm.module_missing",
+                 P.PATH_TRAVERSAL: "wasm.module_path", P.IO_ERROR: "wasm.module_unreadable"}
+_KIND_HINT = {
+    "wasm.import_denied": "Declare the host call in [wasm] capabilities (\"host:<name>\") and allow it in "
+                          "config.toml [runtime.wasm] allowed_host_calls, or stop importing it.",
+    "wasm.abi": "Export memory, az_alloc(i32)->i32 and az_tool_execute(i32,i32)->i64 (AgentZero ABI v2).",
+    "wasm.module_invalid": "Rebuild the module (wat2wasm, cargo build --target wasm32-wasip1).",
+    "wasm.memory": "Declare less initial memory or raise [runtime.wasm] memory_limit_mb.",
+}
+
+
+def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy | None = None) -> list[Any]:
+    """Findings for a `runtime = "wasm"` plugin's modules (hook -> path): load, ABI exports, imports vs.
+    `[wasm] capabilities` and the service policy, initial memory vs. the limit. Compiles; runs no module code."""
+    from engine import findings as F
+    from engine.runner import resolve_script
+
+    policy = policy or policy_for(plugin_dir.parent.parent / "config.toml")
+    caps = hook_capabilities(plugin_dir)
+    out = []
+    for hook, script in hooks.items():
+        try:
+            path = resolve_script(plugin_dir, script)
+            compiled = load_module(path, policy)
+            check_imports(compiled, caps, policy)
+            if compiled.abi_problem:
+                raise WasmError(ABI_ERROR, compiled.abi_problem)
+            limit = policy.memory_limit_mb * 1024 * 1024
+            if compiled.min_memory_bytes > limit:
+                raise WasmError(MEMORY_LIMIT, f"module needs {compiled.min_memory_bytes} bytes of initial memory, "
+                                              f"over the {policy.memory_limit_mb} MiB limit")
+        except ValueError as exc:
+            out.append(F.error("wasm.module_path", f"{hook}: {exc}", "Keep modules inside the plugin directory."))
+        except FileNotFoundError as exc:
+            out.append(F.error("wasm.module_missing", f"{hook}: {exc}", "Build the module or fix the path."))
+        except WasmError as exc:
+            fid = {ABI_ERROR: "wasm.abi", MEMORY_LIMIT: "wasm.memory"}.get(exc.kind) or _KIND_FINDING.get(
+                exc.kind, "wasm.invalid")
+            out.append(F.error(fid, f"{hook}: {exc.message}", _KIND_HINT.get(fid, "")))
+    return out

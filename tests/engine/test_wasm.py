@@ -331,3 +331,40 @@ def test_it_reads_az_tool_schema_when_exported(tmp_path):
     info = W.describe(path, POLICY)
     assert info["name"] == "weather"
     assert info["schema"] == {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_it_classifies_a_stack_overflow_as_a_trap(tmp_path):
+    wat = """(module
+      (memory (export "memory") 1)
+      (func $deep (param i32) (result i32) (call $deep (i32.add (local.get 0) (i32.const 1))))
+      (func (export "az_alloc") (param i32) (result i32) (i32.const 16))
+      (func (export "az_tool_execute") (param i32 i32) (result i64) (drop (call $deep (i32.const 0))) (i64.const 0)))"""
+    path = tmp_path / "deep.wasm"
+    path.write_bytes(compile_wat(wat))
+    assert "stack" in fails(path, W.TRAP).lower()
+
+
+def test_it_runs_concurrent_calls_with_their_own_deadlines(tmp_path):
+    reflect = write_fixture(tmp_path, "reflect")
+    loop = write_fixture(tmp_path, "loop")
+    results, errors = [], []
+
+    def echo(n):
+        for i in range(20):
+            data = f'{{"n":{n},"i":{i}}}'.encode()
+            results.append(run(reflect, data).output == data)
+
+    def spin():
+        try:
+            run(loop, timeout_secs=0.2)
+        except W.WasmError as exc:
+            errors.append(exc.kind)
+
+    threads = [threading.Thread(target=echo, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=spin) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [True] * 80  # a spinning neighbour's deadline never interrupts other calls
+    assert errors == [P.TIMEOUT, P.TIMEOUT]

@@ -158,3 +158,15 @@ def test_it_links_az_http_get_only_when_the_plugin_allows_network(ehome, engine)
                                                                           "allow_network = false"))
     denied = engine.test_hook("netty", "ingest", {"message": "x", "agent_id": "a"})
     assert denied.failure.kind == W.IMPORT_DENIED and "az_http_get" in denied.failure.message
+
+
+def test_it_checks_wasm_plugins_statically_for_lint(ehome):
+    wasm_plugin(ehome, "checked", {"ingest": fixture_wasm("host_env_get"), "assemble": fixture_wasm("missing_alloc"),
+                                   "compact": fixture_wasm("echo")})
+    pdir = ehome.plugins_dir / "checked"
+    (pdir / "hooks" / "after_turn.wasm").write_bytes(b"not wasm")
+    hooks = {"ingest": "hooks/ingest.wasm", "assemble": "hooks/assemble.wasm", "compact": "hooks/compact.wasm",
+             "after_turn": "hooks/after_turn.wasm", "bootstrap": "hooks/missing.wasm"}
+    found = {f.id: f for f in W.check_plugin(pdir, hooks, W.WasmPolicy())}
+    assert set(found) == {"wasm.import_denied", "wasm.abi", "wasm.module_invalid", "wasm.module_missing"}
+    assert "az_env_get" in found["wasm.import_denied"].message and found["wasm.import_denied"].hint
