@@ -53,6 +53,26 @@ def parse_body(request: HttpRequest) -> dict:
     return data
 
 
+def optional_body(request: HttpRequest, schema: type[Schema]):
+    """A JSON body that may be omitted entirely (then the schema's defaults apply)."""
+    if request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        if request.POST or request.FILES:
+            raise ApiError(400, "invalid_json", "Send the request body as JSON (Content-Type: application/json).")
+        return schema()
+    if not request.body.strip():
+        return schema()
+    data = parse_body(request)
+    try:
+        return schema.model_validate(data)
+    except PydanticValidationError as exc:
+        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise ApiError(400, "validation_error", "The request does not match the expected shape.", details) from exc
+
+
+def optional_body_openapi(schema: type[Schema]) -> dict:
+    return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+
+
 def validated(hook: str, data: dict) -> dict:
     schema = HOOK_REQUEST_SCHEMAS[hook]
     try:
@@ -123,10 +143,12 @@ class ResetIn(Schema):
     plugin: str | None = Field(None, max_length=128)
 
 
-@router.post("/metrics/reset", auth=ADMIN, response={200: ResetOut, **E}, operation_id="metrics_reset")
-def metrics_reset(request, body: ResetIn | None = None):
+@router.post("/metrics/reset", auth=ADMIN, response={200: ResetOut, **E}, operation_id="metrics_reset",
+             openapi_extra=optional_body_openapi(ResetIn))
+def metrics_reset(request):
     """Zero the persisted counters (all plugins, or one with {"plugin": name}). Traces are kept."""
-    return json_response(metrics_service.reset_metrics(actor(request), body.plugin if body else None))
+    body = optional_body(request, ResetIn)
+    return json_response(metrics_service.reset_metrics(actor(request), body.plugin))
 
 
 class TraceFilters(Schema):

@@ -58,6 +58,8 @@ def install_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def _http(request, exc: HttpError):
+        if exc.status_code == 400 and "parse request body" in str(exc):
+            return respond(request, 400, "invalid_json", f"The request body is not valid JSON: {exc}")
         return respond(request, exc.status_code, _code_for(exc.status_code), str(exc))
 
     @api.exception_handler(RequestDataTooBig)

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from ninja import Query, Router, Schema
 
 from engine import hooks as H
-from plugins_app.api.context_engine import validated
+from plugins_app.api.context_engine import optional_body, optional_body_openapi, validated
 from plugins_app.api.errors import ApiError, json_response
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
 from plugins_app.schemas import (
@@ -165,11 +165,13 @@ def disable(request, name: str):
         raise _err(exc) from exc
 
 
-@router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update")
-def update(request, name: str, body: UpdateIn | None = None):
+@router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update",
+             openapi_extra=optional_body_openapi(UpdateIn))
+def update(request, name: str):
     """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
+    body = optional_body(request, UpdateIn)
     try:
-        return json_response(plugin_service.update_plugin(name, bool(body and body.force), actor=actor(request)))
+        return json_response(plugin_service.update_plugin(name, body.force, actor=actor(request)))
     except PluginError as exc:
         raise _err(exc) from exc
 
