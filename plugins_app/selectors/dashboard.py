@@ -80,22 +80,28 @@ def runtimes_in_use() -> list[str]:
 # ---- plugin page ----
 
 def _chart(buckets: list[HookMetricBucket], now: dt.datetime) -> dict:
-    """A 60-minute average-latency polyline (minute index -> avg ms), scaled to CHART_W x CHART_H."""
+    """Average latency per minute over the last 60 minutes as SVG bars (minutes with failures marked),
+    scaled to CHART_W x CHART_H."""
     start = (now - dt.timedelta(minutes=59)).replace(second=0, microsecond=0)
-    points: dict[int, float] = {}
+    points: dict[int, tuple[float, int, int]] = {}
     for b in buckets:
         idx = int((b.minute - start).total_seconds() // 60)
         if 0 <= idx < 60 and b.calls:
-            points[idx] = b.latency_ms_total / b.calls
+            points[idx] = (b.latency_ms_total / b.calls, b.calls, b.failures)
     if not points:
         return {"empty": True, "w": CHART_W, "h": CHART_H}
-    top = max(points.values()) or 1.0
-    step = CHART_W / 59
-    coords = [(round(i * step, 1), round(CHART_H - 4 - (v / top) * (CHART_H - 8), 1)) for i, v in sorted(points.items())]
+    top = max(v for v, _c, _f in points.values()) or 1.0
+    slot = CHART_W / 60
+    usable = CHART_H - 4
+    bars = []
+    for i, (avg, calls, failures) in sorted(points.items()):
+        h = max(2.0, round(avg / top * usable, 1))
+        bars.append({"x": round(i * slot + 0.5, 1), "y": round(CHART_H - 2 - h, 1), "w": round(max(slot - 1, 1), 1),
+                     "h": h, "failed": bool(failures),
+                     "title": f"{59 - i} min ago: {calls} call(s), avg {avg:.1f} ms"
+                              + (f", {failures} failed" if failures else "")})
     return {
-        "empty": False, "w": CHART_W, "h": CHART_H, "max_ms": round(top, 1),
-        "polyline": " ".join(f"{x},{y}" for x, y in coords),
-        "dots": coords if len(coords) <= 60 else [],
+        "empty": False, "w": CHART_W, "h": CHART_H, "max_ms": round(top, 1), "bars": bars,
         "label": f"average latency per minute over the last hour, peak {top:.1f} ms",
     }
 

@@ -229,3 +229,24 @@ def test_it_renders_engine_health(client, home, owner):
     resp = client.get("/engine/health/")
     assert resp.status_code == 200
     assert "Redis" in resp.content.decode()
+
+
+def test_it_draws_a_latency_bar_per_minute_with_failures_marked(home):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from plugins_app.selectors.dashboard import hook_rows
+
+    make_plugin(home.plugins_dir, "charted", {"ingest": PY_ECHO_INGEST})
+    now = timezone.now().replace(second=0, microsecond=0)
+    HookMetricBucket.objects.create(plugin="charted", hook="ingest", minute=now, calls=2, latency_ms_total=40)
+    HookMetricBucket.objects.create(plugin="charted", hook="ingest", minute=now - dt.timedelta(minutes=10), calls=1,
+                                    failures=1, latency_ms_total=10)
+    HookMetricBucket.objects.create(plugin="charted", hook="ingest", minute=now - dt.timedelta(hours=2), calls=9,
+                                    latency_ms_total=900)  # outside the hour
+    chart = hook_rows("charted")[0]["chart"]
+    assert not chart["empty"] and chart["max_ms"] == 20.0
+    assert [b["failed"] for b in chart["bars"]] == [True, False]
+    older, newest = chart["bars"]
+    assert newest["h"] > older["h"] and newest["x"] > older["x"]
