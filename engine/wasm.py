@@ -59,6 +59,7 @@ MAX_LOG_LINES = 1000
 PAGE = 65536
 TICK_SECS = 0.002  # epoch granularity
 NO_FUEL_LIMIT = 2**62
+TABLE_ELEMENTS_LIMIT = 100_000  # function-table entries per table (a huge declared table would eat host memory)
 
 
 class WasmError(Exception):
@@ -484,7 +485,7 @@ _SIGS = {
 class CallContext:
     """Per-call state the host functions see (set in a thread-local while the guest runs)."""
 
-    env: dict[str, str]
+    env: Any  # dict[str, str], or a callable building it on first az_env_get
     read_root: Path | None
     policy: WasmPolicy
     deadline: float
@@ -554,7 +555,10 @@ def _host_az_env_get(caller: wasmtime.Caller, ptr: int, length: int) -> int:
         key = raw.decode("utf-8")
     except UnicodeDecodeError:
         return 0
-    value = _ctx().env.get(key)
+    ctx = _ctx()
+    if callable(ctx.env):  # built on first use: most modules never ask
+        ctx.env = ctx.env()
+    value = ctx.env.get(key)
     if value is None:
         return 0
     return _write_guest(caller, value.encode("utf-8"))
@@ -673,7 +677,7 @@ class Execution:
 
 
 def execute(wasm_path: Path, input_bytes: bytes, *, policy: WasmPolicy, capabilities: Iterable[str] = (),
-            timeout_secs: float = 30.0, env: dict[str, str] | None = None, read_root: Path | None = None,
+            timeout_secs: float = 30.0, env: Any = None, read_root: Path | None = None,
             memory_limit_mb: int | None = None, on_log: Callable[[str], None] | None = None,
             wasi_dir: Path | None = None) -> Execution:
     """Run az_tool_execute once on a fresh instance; the raw output bytes. Raises WasmError (classified)."""
@@ -692,7 +696,7 @@ def execute(wasm_path: Path, input_bytes: bytes, *, policy: WasmPolicy, capabili
     for warning in compiled.warnings:
         _log(ctx, f"[WARN] {warning}")
     store = wasmtime.Store(get_engine())
-    store.set_limits(memory_size=limit)
+    store.set_limits(memory_size=limit, table_elements=TABLE_ELEMENTS_LIMIT, instances=4, tables=8, memories=2)
     store.set_fuel(policy.fuel_limit or NO_FUEL_LIMIT)
     store.set_epoch_deadline(max(1, math.ceil(timeout_secs / TICK_SECS)) + 1)
     stderr_path = None
@@ -758,7 +762,7 @@ def _run(store: wasmtime.Store, compiled: CompiledModule, names: frozenset, wasi
         raise _classify_trap(exc, store, None, limit, policy, timeout_secs, "start function") from exc
     except wasmtime.WasmtimeError as exc:
         text = str(exc)
-        if "memory" in text and ("limit" in text or "minimum" in text or "resource" in text):
+        if ("memory" in text or "table" in text) and ("limit" in text or "minimum" in text or "resource" in text):
             raise WasmError(MEMORY_LIMIT, f"failed to instantiate module: {_first_line(exc)}") from exc
         raise WasmError(ABI_ERROR, f"failed to instantiate module: {_first_line(exc)}") from exc
     exports = instance.exports(store)
@@ -867,6 +871,9 @@ def _home_config_path(call: Any) -> Path | None:
     return Path(call.data_dir).parent.parent / "config.toml"
 
 
+_made_dirs: set[str] = set()
+
+
 def narrowed(policy: WasmPolicy, *, network: bool, filesystem: bool) -> WasmPolicy:
     """The policy minus what the plugin's own `allow_network = false` / `allow_filesystem = false` turn off."""
     drop = set()
@@ -905,8 +912,9 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
         policy = policy_for(config_path) if config_path else WasmPolicy()
     policy = narrowed(policy, network=getattr(call, "allow_network", True) is not False,
                       filesystem=getattr(call, "allow_filesystem", True) is not False)
-    if call.data_dir is not None:
+    if call.data_dir is not None and str(call.data_dir) not in _made_dirs:
         Path(call.data_dir).mkdir(parents=True, exist_ok=True)
+        _made_dirs.add(str(call.data_dir))
     payload = json.dumps(call.request, ensure_ascii=False).encode("utf-8")
 
     def log(line: str) -> None:
@@ -916,7 +924,7 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
 
     try:
         run = execute(script, payload, policy=policy, capabilities=hook_capabilities(call.plugin_dir),
-                      timeout_secs=call.timeout_secs, env=build_env(call),
+                      timeout_secs=call.timeout_secs, env=lambda: build_env(call),
                       read_root=Path(call.data_dir) if call.data_dir is not None else None,
                       memory_limit_mb=call.max_memory_mb, on_log=log, wasi_dir=call.data_dir)
         text = decode_output(run.output)
@@ -1028,7 +1036,8 @@ def describe(wasm_path: Path, policy: WasmPolicy, capabilities: Iterable[str] = 
     info: dict[str, Any] = {"name": None, "schema": None, "sha256": compiled.sha256,
                             "imports": [f"{i.module}::{i.name}" for i in compiled.module.imports]}
     store = wasmtime.Store(get_engine())
-    store.set_limits(memory_size=policy.memory_limit_mb * 1024 * 1024)
+    store.set_limits(memory_size=policy.memory_limit_mb * 1024 * 1024, table_elements=TABLE_ELEMENTS_LIMIT, instances=4,
+                     tables=8, memories=2)
     store.set_fuel(policy.fuel_limit or NO_FUEL_LIMIT)
     store.set_epoch_deadline(max(1, math.ceil(timeout_secs / TICK_SECS)) + 1)
     ctx = CallContext(env={}, read_root=None, policy=policy, deadline=time.monotonic() + timeout_secs)

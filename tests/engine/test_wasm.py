@@ -368,3 +368,26 @@ def test_it_runs_concurrent_calls_with_their_own_deadlines(tmp_path):
         t.join(60)
     assert results == [True] * 80  # a spinning neighbour's deadline never interrupts other calls
     assert errors == [P.TIMEOUT, P.TIMEOUT]
+
+
+def test_it_stops_a_start_function_that_never_returns(tmp_path):
+    wat = """(module
+      (memory (export "memory") 1)
+      (func $start (loop $l (br $l)))
+      (start $start)
+      (func (export "az_alloc") (param i32) (result i32) (i32.const 16))
+      (func (export "az_tool_execute") (param i32 i32) (result i64) (i64.const 0)))"""
+    path = tmp_path / "start.wasm"
+    path.write_bytes(compile_wat(wat))
+    fails(path, P.TIMEOUT, timeout_secs=0.05)
+
+
+def test_it_refuses_a_huge_function_table(tmp_path):
+    wat = """(module
+      (memory (export "memory") 1)
+      (table 50000000 funcref)
+      (func (export "az_alloc") (param i32) (result i32) (i32.const 16))
+      (func (export "az_tool_execute") (param i32 i32) (result i64) (i64.const 0)))"""
+    path = tmp_path / "table.wasm"
+    path.write_bytes(compile_wat(wat))
+    assert "exceeds table limits" in fails(path, W.MEMORY_LIMIT)

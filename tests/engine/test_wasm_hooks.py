@@ -170,3 +170,20 @@ def test_it_checks_wasm_plugins_statically_for_lint(ehome):
     found = {f.id: f for f in W.check_plugin(pdir, hooks, W.WasmPolicy())}
     assert set(found) == {"wasm.import_denied", "wasm.abi", "wasm.module_invalid", "wasm.module_missing"}
     assert "az_env_get" in found["wasm.import_denied"].message and found["wasm.import_denied"].hint
+
+
+def test_it_scaffolds_every_hook_through_the_shared_scaffold_plan(ehome, engine):
+    from engine.hooks import ALL_HOOKS
+    from engine.scaffold import plan
+
+    files = plan("everyhook", "all nine", "wasm", list(ALL_HOOKS)).files
+    pdir = ehome.plugins_dir / "everyhook"
+    for rel, data in files.items():
+        (pdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pdir / rel).write_bytes(data)
+    request = {"agent_id": "a", "message": "x", "messages": [{"role": "user", "content": "x"}],
+               "tool_name": "t", "content": "c", "event": {"name": "e"}}
+    for hook in ALL_HOOKS:
+        attempt = engine.test_hook("everyhook", hook, dict(request))
+        assert attempt.ok, (hook, attempt.failure)
+        assert attempt.reply == W.SCAFFOLD_REPLIES[hook]
