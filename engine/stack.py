@@ -7,6 +7,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -163,8 +164,10 @@ class ContextEngine:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="stack")
         self.cache = TtlCache()
         self.breakers = CircuitBreakers()
-        # bootstrap overrides per plugin, kept for this process's lifetime (as LibreFang keeps them in the engine)
-        self.overrides: dict[str, Overrides] = {}
+        self._lock = threading.Lock()
+        # bootstrap overrides per plugin: stored in the plugin's data dir so every worker process sharing this
+        # LIBREFANG_HOME applies them (LibreFang keeps them in its single daemon's memory); re-read on change.
+        self._overrides: dict[str, tuple[tuple, Overrides | None]] = {}
         self._sleep: Callable[[float], None] = time.sleep
 
     # ---- what the web tier needs before it enqueues ----
@@ -235,7 +238,7 @@ class ContextEngine:
         s = plugin.manifest.hooks
         if hook == H.INGEST:
             message = str(req.get("message") or "")
-            override = self.overrides.get(name)
+            override = self.overrides_for(name)
             substring = override.ingest_filter if override and override.ingest_filter is not None else s.ingest_filter
             if substring and substring not in message:
                 return False
@@ -264,7 +267,7 @@ class ContextEngine:
             return None
         ttl_field = CACHE_TTL_FIELD.get(hook)
         ttl = getattr(plugin.manifest.hooks, ttl_field) if ttl_field else None
-        key = TtlCache.key(name, hook, req) if ttl else None
+        key = TtlCache.key(name, hook, {"fingerprint": list(plugin.fingerprint), "request": req}) if ttl else None
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -277,7 +280,7 @@ class ContextEngine:
                 return Attempt(name, hook, HookResult(False, failure=P.Failure(P.CIRCUIT_OPEN, why)), "")
         attempt = invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
                          agent_id=agent, job_id=job_id, allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars),
-                         overrides=self.overrides.get(name), judge=judge, sleep=self._sleep)
+                         overrides=self.overrides_for(name), judge=judge, sleep=self._sleep)
         if breaker is not None:
             self.breakers.record(bkey, attempt.ok)
         if key is not None and attempt.ok and ttl:
@@ -508,8 +511,44 @@ class ContextEngine:
             o.ingest_filter = reply["ingest_filter"]
         if isinstance(reply.get("allow_network"), bool):
             o.allow_network = reply["allow_network"]
-        self.overrides[plugin] = o
+        path = self._overrides_path(plugin)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{threading.get_ident()}")
+            tmp.write_text(json.dumps({"env_overrides": o.env, "ingest_filter": o.ingest_filter,
+                                       "allow_network": o.allow_network}))
+            tmp.replace(path)
+        except OSError:
+            log.warning("cannot store bootstrap overrides of %s", plugin, exc_info=True)
+        with self._lock:
+            self._overrides[plugin] = (_stamp(path), o)
         self.cache.clear(plugin)
+
+    def _overrides_path(self, plugin: str):
+        return self.home.data_dir(plugin) / "bootstrap_overrides.json"
+
+    def overrides_for(self, plugin: str) -> Overrides | None:
+        """What the plugin's last bootstrap reply changed (None: no bootstrap override). One stat per call."""
+        path = self._overrides_path(plugin)
+        stamp = _stamp(path)
+        with self._lock:
+            cached = self._overrides.get(plugin)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        value = None
+        if stamp:
+            try:
+                raw = json.loads(path.read_text())
+                value = Overrides(env={str(k): str(v) for k, v in (raw.get("env_overrides") or {}).items()},
+                                  ingest_filter=raw.get("ingest_filter") if isinstance(raw.get("ingest_filter"), str)
+                                  else None,
+                                  allow_network=raw.get("allow_network") if isinstance(raw.get("allow_network"), bool)
+                                  else None)
+            except (OSError, ValueError, AttributeError):
+                value = None
+        with self._lock:
+            self._overrides[plugin] = (stamp, value)
+        return value
 
     def _prepare_subagent(self, req, chain, cfg, job_id):
         return self._run_each(H.PREPARE_SUBAGENT, req, chain, cfg, job_id)
@@ -528,7 +567,15 @@ class ContextEngine:
                         context_window_tokens=cfg.context_engine.context_window_tokens)
         entry = self.catalog.get(name)
         return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides.get(name))
+                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides_for(name))
+
+
+def _stamp(path) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _memories_from(reply: Any, scope: str = "hook") -> list[dict]:

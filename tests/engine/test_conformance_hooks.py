@@ -419,3 +419,27 @@ def test_hook_schemas_warn_on_input_and_output_and_strict_output_fails(engine, e
     reply = engine.handle("ingest", {"message": "x"})
     assert reply.fallback_reason == ("schemed: invalid_output: output schema: $.memories[0]: missing required "
                                      "field 'content'")
+
+
+def test_bootstrap_overrides_reach_every_worker_process_sharing_the_home(engine, ehome, sinks):
+    single(ehome, "boot", {"bootstrap": BOOTSTRAP, "ingest": ENV_INGEST}, toml_extra="hook_timeout_secs = 5",
+           top_extra='[env]\nSTATIC = "manifest"')
+    engine.handle("bootstrap", {})
+    other_worker = ContextEngine(EngineDeps(home=ehome, memory=sinks["memory"], invocations=sinks["invocations"]))
+    assert other_worker.handle("ingest", {"agent_id": "a", "message": "magic"}).result["memories"] == [
+        {"content": "yes/manifest", "scope": "hook"}]
+    assert other_worker.handle("ingest", {"agent_id": "a", "message": "plain"}).result["memories"] == []
+
+
+def test_reload_takes_effect_on_the_next_call_and_drops_cached_replies(engine, ehome):
+    pdir = make_plugin(ehome.plugins_dir, "live", {"ingest": recorder("ingest", '{"memories": [{"content": "v1"}]}')},
+                       toml_extra="hook_cache_ttl_secs = 600")
+    write_config(ehome.root, plugin="live")
+    assert engine.handle("ingest", {"message": "m"}).result["memories"][0]["content"] == "v1"
+    (pdir / "hooks" / "ingest2.py").write_text(recorder("ingest", '{"memories": [{"content": "v2"}]}'))
+    toml = pdir / "plugin.toml"
+    toml.write_text(toml.read_text().replace('ingest = "hooks/ingest.py"', 'ingest = "hooks/ingest2.py"'))
+    assert engine.handle("ingest", {"message": "m"}).result["memories"][0]["content"] == "v2"
+    toml.write_text(toml.read_text().replace('runtime = "python"', 'runtime = "bash"'))
+    reply = engine.handle("ingest", {"message": "m"})  # now run by bash: a python script fails there
+    assert reply.source == "default" and "live: script_error" in reply.fallback_reason
