@@ -1089,6 +1089,18 @@ _KIND_HINT = {
 }
 
 
+def static_check(path: Path, capabilities: Iterable[str], policy: WasmPolicy) -> None:
+    """Raise the WasmError a call would fail with before running any module code (load, imports, ABI, memory)."""
+    compiled = load_module(path, policy)
+    check_imports(compiled, capabilities, policy)
+    if compiled.abi_problem:
+        raise WasmError(ABI_ERROR, compiled.abi_problem)
+    limit = policy.memory_limit_mb * 1024 * 1024
+    if compiled.min_memory_bytes > limit:
+        raise WasmError(MEMORY_LIMIT, f"module needs {compiled.min_memory_bytes} bytes of initial memory, over the "
+                                      f"{policy.memory_limit_mb} MiB limit")
+
+
 def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy | None = None) -> list[Any]:
     """Findings for a `runtime = "wasm"` plugin's modules (hook -> path): load, ABI exports, imports vs.
     `[wasm] capabilities` and the service policy, initial memory vs. the limit. Compiles; runs no module code."""
@@ -1100,15 +1112,7 @@ def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy | N
     out = []
     for hook, script in hooks.items():
         try:
-            path = resolve_script(plugin_dir, script)
-            compiled = load_module(path, policy)
-            check_imports(compiled, caps, policy)
-            if compiled.abi_problem:
-                raise WasmError(ABI_ERROR, compiled.abi_problem)
-            limit = policy.memory_limit_mb * 1024 * 1024
-            if compiled.min_memory_bytes > limit:
-                raise WasmError(MEMORY_LIMIT, f"module needs {compiled.min_memory_bytes} bytes of initial memory, "
-                                              f"over the {policy.memory_limit_mb} MiB limit")
+            static_check(resolve_script(plugin_dir, script), caps, policy)
         except ValueError as exc:
             out.append(F.error("wasm.module_path", f"{hook}: {exc}", "Keep modules inside the plugin directory."))
         except FileNotFoundError as exc:

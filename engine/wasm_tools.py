@@ -440,6 +440,10 @@ def describe(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
     if not info["hash_ok"]:
         info["problems"].append(f"module sha256 {str(sha)[:12]}… does not match the manifest "
                                 f"(module_hash_policy = {policy.module_hash_policy})")
+    try:  # compiles (cached), runs nothing: an undeclared or refused import shows here, not only when called
+        W.static_check(tool.wasm_path, m.capabilities, policy)
+    except W.WasmError as exc:
+        info["problems"].append(exc.message)
     try:
         stored = json.loads(info_path(tool).read_text())
     except (OSError, ValueError):
@@ -447,7 +451,7 @@ def describe(tool: InstalledTool, policy: W.WasmPolicy) -> dict[str, Any]:
     if isinstance(stored, dict) and stored.get("sha256") == sha:
         info["module_name"] = stored.get("name")
         info["input_schema"] = stored.get("schema")
-        if stored.get("error"):
+        if stored.get("error") and stored["error"] not in info["problems"]:
             info["problems"].append(stored["error"])
     return info
 

@@ -25,7 +25,7 @@ from plugins_app.views.plugins import actor, role_required
 def _page(request, status: int = 200, error: str | None = None):
     tools = tool_selectors.list_tools()
     return render(request, "plugins_app/tools.html", {
-        "tools": tools, "runnable": [t for t in tools if t["enabled"] and not t["problems"]],
+        "tools": tools, "runnable": [t for t in tools if t["enabled"]],
         "policy": tool_selectors.policy_summary(), "policy_error": tool_selectors.policy_error(),
         "tools_dir": str(home().tools_dir), "error": error, "may_own": dashboard.user_may(request.user, "owner"),
         "may_admin": dashboard.user_may(request.user, "admin"),

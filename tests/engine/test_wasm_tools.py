@@ -246,3 +246,9 @@ def test_it_reports_a_broken_installed_manifest_without_crashing(ehome):
     assert broken.manifest is None and "not valid JSON" in broken.problems[0]
     run = T.execute(ehome, "echo", "", policy=W.WasmPolicy())
     assert not run.ok and run.kind == P.MANIFEST_INVALID
+
+
+def test_it_reports_a_refused_import_when_listing_before_any_call(ehome):
+    installed(ehome, "envtool", fixture_wasm("host_env_get"))
+    info = T.describe(T.get_tool(ehome, "envtool"), W.WasmPolicy())
+    assert any("az::az_env_get` is imported but not declared" in p for p in info["problems"])
