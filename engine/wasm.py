@@ -15,9 +15,11 @@ a subprocess hook's stdout, `az_log` lines go to the same live stderr stream. WA
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
+import secrets
 import tempfile
 import threading
 import time
@@ -355,10 +357,11 @@ def _load_or_compile(wasm_path: Path, source: bytes, sha: str) -> CompiledModule
         if cached_sha == sha and cwasm.exists():
             try:
                 artefact = cwasm.read_bytes()
-                # The artefact is native code: only load bytes we wrote ourselves (their hash is on line 2).
-                stamp = cwasm.with_suffix(".cwasm.sha256")
-                if stamp.read_text().strip() != hashlib.sha256(artefact).hexdigest():
-                    raise ValueError("artefact checksum does not match")
+                # The artefact is native code: only load bytes this installation wrote (HMAC with a secret kept
+                # outside plugin directories), never a cache shipped inside a plugin package.
+                stamp = cwasm.with_suffix(".cwasm.hmac")
+                if not hmac.compare_digest(stamp.read_text().strip(), _seal(artefact)):
+                    raise ValueError("artefact seal does not match")
                 module = wasmtime.Module.deserialize(engine, artefact)
                 return _compiled(module, sha, len(source), "disk", warnings)
             except (OSError, ValueError, wasmtime.WasmtimeError) as exc:
@@ -376,11 +379,39 @@ def _load_or_compile(wasm_path: Path, source: bytes, sha: str) -> CompiledModule
         tmp = cwasm.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(artefact)
         tmp.replace(cwasm)
-        _atomic_write(cwasm.with_suffix(".cwasm.sha256"), hashlib.sha256(artefact).hexdigest())
+        _atomic_write(cwasm.with_suffix(".cwasm.hmac"), _seal(artefact))
         _atomic_write(sha_file, sha)
     except (OSError, wasmtime.WasmtimeError) as exc:
         warnings.append(f"could not write the AOT cache: {exc}")
     return _compiled(module, sha, len(source), state, warnings)
+
+
+_secret: bytes | None = None
+_secret_lock = threading.Lock()
+
+
+def _cache_secret() -> bytes:
+    """A per-installation key ($LIBREFANG_HOME/.wasm-cache.key, 0600) sealing the AOT artefacts we write."""
+    global _secret
+    with _secret_lock:
+        if _secret is None:
+            path = Path(os.environ.get("LIBREFANG_HOME") or Path.home() / ".librefang").expanduser() / ".wasm-cache.key"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "w") as fh:
+                        fh.write(secrets.token_hex(32))
+                except FileExistsError:
+                    pass
+                _secret = bytes.fromhex(path.read_text().strip())
+            except (OSError, ValueError):
+                _secret = secrets.token_bytes(32)  # unwritable home: the disk cache only helps this process
+        return _secret
+
+
+def _seal(artefact: bytes) -> str:
+    return hmac.new(_cache_secret(), artefact, hashlib.sha256).hexdigest()
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -391,3 +391,25 @@ def test_it_refuses_a_huge_function_table(tmp_path):
     path = tmp_path / "table.wasm"
     path.write_bytes(compile_wat(wat))
     assert "exceeds table limits" in fails(path, W.MEMORY_LIMIT)
+
+
+def test_it_never_loads_a_native_cache_it_did_not_write(tmp_path):
+    """A plugin package could ship .cache/ files: native code must only come from artefacts sealed by this host."""
+    import hashlib
+
+    good = write_fixture(tmp_path / "a", "echo", as_name="plugin")
+    W.clear_memory_cache()
+    W.load_module(good, POLICY)
+    good_cwasm, _ = W.cache_paths(good)
+    victim = tmp_path / "b" / "plugin.wasm"
+    victim.parent.mkdir()
+    victim.write_bytes(static_output_wasm({"output": "honest", "error": None}))
+    cwasm, sha_file = W.cache_paths(victim)
+    cwasm.parent.mkdir()
+    forged = good_cwasm.read_bytes()  # native code of another module, with every checksum an attacker can compute
+    cwasm.write_bytes(forged)
+    sha_file.write_text(hashlib.sha256(victim.read_bytes()).hexdigest())
+    cwasm.with_suffix(".cwasm.hmac").write_text(hashlib.sha256(forged).hexdigest())
+    W.clear_memory_cache()
+    assert W.load_module(victim, POLICY).cache == "recompiled-corrupt"
+    assert run(victim).output == b'{"output": "honest", "error": null}'
