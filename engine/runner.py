@@ -10,6 +10,8 @@ Sandbox, applied in the child between fork and exec by one small preexec functio
 - RLIMIT_AS (`max_memory_mb`) and RLIMIT_CPU (`max_cpu_secs`), set before exec so no allocation escapes them.
 - `allow_network = false`: a fresh, empty network namespace (unshare(CLONE_NEWNET); loopback is down, nothing is
   reachable) when the OS allows it; probed once per process. Proxy variables are blanked either way (LibreFang).
+- `allow_filesystem = false`: a private mount namespace with "/" re-bound read-only and only the plugin's data dir
+  (which holds TMPDIR) writable; probed once per process. Other mounts (/dev, /proc, /run...) keep their modes.
 A preexec function makes CPython fork() instead of vfork(): about 1.5-2 ms per spawn measured here (0.8 ms -> 2.6 ms
 for /bin/true), small next to a hook's own interpreter start-up (python ~20 ms). PDEATHSIG has no vfork-compatible
 equivalent short of an extra exec of a wrapper (setpriv), which costs more.
@@ -22,6 +24,7 @@ import errno
 import functools
 import json
 import os
+import re
 import resource
 import selectors
 import signal
@@ -137,9 +140,12 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
         env.update({"no_proxy": "*", "NO_PROXY": "*", "http_proxy": "", "https_proxy": "", "HTTP_PROXY": "",
                     "HTTPS_PROXY": "", "LIBREFANG_SANDBOX": "1"})
     if not call.allow_filesystem:
-        # LibreFang's markers for allow_filesystem = false: HOME points nowhere (it overrides [env] HOME too).
+        # LibreFang's markers for allow_filesystem = false: HOME points nowhere (it overrides [env] HOME too). The
+        # filesystem is really read-only (mount namespace) except the plugin's data dir, which also holds TMPDIR.
         env["LIBREFANG_READONLY_FS"] = "1"
         env["HOME"] = "/dev/null"
+        if call.data_dir is not None:
+            env["TMPDIR"] = str(call.data_dir / "tmp")
     return env
 
 
@@ -149,27 +155,34 @@ BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATAB
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 
 
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return libc
 
 
 class _Preexec:
     """Runs in the forked child right before exec. Does only the syscalls listed in the module docstring."""
 
-    __slots__ = ("ppid", "mem", "cpu", "newnet", "libc")
+    __slots__ = ("ppid", "mem", "cpu", "newnet", "libc", "writable", "submounts")
 
-    def __init__(self, mem_bytes: int | None, cpu_secs: int | None, newnet: bool):
+    def __init__(self, mem_bytes: int | None, cpu_secs: int | None, newnet: bool,
+                 writable: tuple[bytes, ...] | None = None):
         self.ppid = os.getpid()
         self.mem = mem_bytes
         self.cpu = cpu_secs
         self.newnet = newnet
         self.libc = _libc()
+        self.writable = writable  # not None: read-only filesystem except these directories
+        self.submounts = _submounts_to_protect(writable) if writable is not None else ()
 
     def __call__(self) -> None:
         if self.libc is not None:
@@ -182,6 +195,20 @@ class _Preexec:
             resource.setrlimit(resource.RLIMIT_CPU, (self.cpu, self.cpu + 1))
         if self.newnet and self.libc is not None and self.libc.unshare(_CLONE_NEWNET) != 0:
             os._exit(126)  # never run a network-denied hook with the network
+        if self.writable is not None and self.libc is not None:
+            # allow_filesystem = false: a private mount namespace whose root is a read-only bind of "/", with the
+            # writable directories bound (read-write) underneath it first.
+            mount = self.libc.mount
+            if self.libc.unshare(_CLONE_NEWNS) != 0 or mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+                os._exit(126)
+            for path in self.writable:
+                if mount(path, path, None, _MS_BIND | _MS_REC, None) != 0:
+                    os._exit(126)
+            if mount(b"/", b"/", None, _MS_BIND | _MS_REC, None) != 0 or \
+                    mount(None, b"/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None) != 0:
+                os._exit(126)
+            for path in self.submounts:  # e.g. a tmpfs /tmp: read-only too (best effort: it may be gone)
+                mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
 
 
 _netns_lock = threading.Lock()
@@ -196,6 +223,61 @@ def network_isolation_available() -> bool:
         if not _netns_state:
             _netns_state.append(_probe_netns())
     return _netns_state[0]
+
+
+_fsns_state: list[bool] = []
+
+
+def filesystem_isolation_available() -> bool:
+    """Whether hooks can get a read-only view of the filesystem (a private mount namespace). Probed once."""
+    if _fsns_state:
+        return _fsns_state[0]
+    with _netns_lock:
+        if not _fsns_state:
+            ok = False
+            if sys.platform.startswith("linux") and _libc() is not None:
+                try:
+                    proc = subprocess.run(["/bin/sh", "-c", "exit 0"], close_fds=True, timeout=10,
+                                          capture_output=True, preexec_fn=_Preexec(None, None, False, ()))
+                    ok = proc.returncode == 0
+                except (OSError, subprocess.SubprocessError):
+                    ok = False
+            _fsns_state.append(ok)
+    return _fsns_state[0]
+
+
+_KEEP_MODE_UNDER = (b"/proc", b"/sys", b"/dev")
+
+
+def _submounts_to_protect(writable: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """Mount points (other than "/") to make read-only too: everything but /proc, /sys, /dev and the writable dirs.
+    Read in the parent, before fork."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return ()
+    out = []
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) < 5:
+            continue
+        mp = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+        if mp == b"/" or any(mp == k or mp.startswith(k + b"/") for k in _KEEP_MODE_UNDER):
+            continue
+        if any(mp == w or mp.startswith(w + b"/") for w in writable):
+            continue
+        out.append(mp)
+    return tuple(dict.fromkeys(out))
+
+
+def _writable_dirs(call: HookCall) -> tuple[bytes, ...] | None:
+    if call.allow_filesystem or not filesystem_isolation_available():
+        return None
+    dirs = []
+    if call.data_dir is not None:
+        dirs.append(os.fsencode(os.path.realpath(call.data_dir)))
+    return tuple(dirs)
 
 
 def _probe_netns() -> bool:
@@ -241,6 +323,8 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         argv[0] = venv_python
     if call.data_dir is not None:
         call.data_dir.mkdir(parents=True, exist_ok=True)
+        if not call.allow_filesystem:
+            (call.data_dir / "tmp").mkdir(exist_ok=True)
     try:
         payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
     except (TypeError, ValueError) as exc:
@@ -248,7 +332,8 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
     newnet = not call.allow_network and network_isolation_available()
     mem = call.max_memory_mb * 1024 * 1024 if call.max_memory_mb else None
     # ---- warm start (engine/warmstart.py, owned by the speed work): python hooks forked from a zygote ----------
-    if warmstart.applies(call, argv):
+    writable = _writable_dirs(call)
+    if writable is None and warmstart.applies(call, argv):  # (read-only filesystem hooks always spawn cold)
         warm = warmstart.spawn(argv, str(call.plugin_dir), build_env(call), mem, call.max_cpu_secs, newnet)
         if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
             result = _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
@@ -265,7 +350,7 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
             env=build_env(call),
             start_new_session=True,  # own process group: a timeout kills grandchildren too
             close_fds=True,
-            preexec_fn=_Preexec(mem, call.max_cpu_secs, newnet),
+            preexec_fn=_Preexec(mem, call.max_cpu_secs, newnet, writable),
         )
     except subprocess.SubprocessError as exc:
         return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")

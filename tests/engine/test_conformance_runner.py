@@ -366,8 +366,33 @@ def test_it_runs_python_hooks_with_the_plugins_venv(pdir, tmp_path):
     assert r.failure is not None or r.reply[0] != str(venv)
 
 
-def test_allow_filesystem_false_sets_librefangs_markers(pdir):
-    r = run(pdir, ENV_DUMP, allow_filesystem=False, plugin_env={"HOME": "/custom"})
-    assert r.reply["env"]["HOME"] == "/dev/null" and r.reply["env"]["LIBREFANG_READONLY_FS"] == "1"
-    r = run(pdir, ENV_DUMP, plugin_env={"HOME": "/custom"})
-    assert r.reply["env"]["HOME"] == "/custom" and "LIBREFANG_READONLY_FS" not in r.reply["env"]
+def test_allow_filesystem_false_makes_everything_but_the_data_dir_read_only(pdir, tmp_path):
+    from engine.runner import filesystem_isolation_available
+
+    if not filesystem_isolation_available():
+        pytest.skip("this OS refuses a private mount namespace to the service (needs root or CAP_SYS_ADMIN)")
+    outside = tmp_path / "outside.txt"
+    src = f"""
+    import json, os, sys, tempfile
+    sys.stdin.read()
+    out = {{}}
+    for name, path in [("outside", {str(outside)!r}), ("plugin_dir", "written.txt"),
+                       ("data", os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "ok.txt"))]:
+        try:
+            open(path, "w").write("x")
+            out[name] = "written"
+        except OSError as exc:
+            out[name] = exc.strerror
+    with tempfile.NamedTemporaryFile(dir=None) as fh:
+        out["tmp"] = os.path.dirname(fh.name)
+    out["home"] = os.environ["HOME"]
+    out["marker"] = os.environ.get("LIBREFANG_READONLY_FS")
+    print(json.dumps(out))
+    """
+    r = run(pdir, src, allow_filesystem=False, plugin_env={"HOME": "/custom"})
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply == {"outside": "Read-only file system", "plugin_dir": "Read-only file system", "data": "written",
+                       "tmp": str(pdir.parent / "data" / "tmp"), "home": "/dev/null", "marker": "1"}
+    assert not outside.exists() and (pdir.parent / "data" / "ok.txt").exists()
+    r = run(pdir, src, plugin_env={"HOME": "/custom"})
+    assert r.reply["outside"] == "written" and r.reply["home"] == "/custom" and r.reply["marker"] is None
