@@ -250,3 +250,17 @@ def test_it_draws_a_latency_bar_per_minute_with_failures_marked(home):
     assert [b["failed"] for b in chart["bars"]] == [True, False]
     older, newest = chart["bars"]
     assert newest["h"] > older["h"] and newest["x"] > older["x"]
+
+
+def test_it_renders_pages_for_a_plugin_whose_manifest_is_broken(client, home, owner):
+    pdir = home.plugin_dir("wrecked")
+    pdir.mkdir()
+    (pdir / "plugin.toml").write_text('name = "wrecked"\nversion = [oops\n')
+    listing = client.get("/")
+    assert listing.status_code == 200 and "invalid" in listing.content.decode()
+    page = client.get("/plugins/wrecked/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "invalid" in html and "version = [oops" in html
+    assert client.get("/doctor/").status_code == 200
+    assert client.post("/plugins/wrecked/reload/", HTTP_HX_REQUEST="true").status_code == 200
