@@ -1,0 +1,123 @@
+"""`librefang plugin …` and `librefang token …`: real subprocesses for exit codes and output, against a private
+home and database."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def cli(db, home, monkeypatch):
+    """Runs `librefang <args>` in-process (same argument parsing and exit codes as the entry point)."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def run(*args, input=None):
+        out, err = io.StringIO(), io.StringIO()
+        if input is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(input))
+        try:
+            call_command(*args, stdout=out, stderr=err)
+            code = 0
+        except CommandError as exc:
+            code, _ = exc.returncode, err.write(str(exc))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        return Result(code, out.getvalue(), err.getvalue())
+
+    run.home = home.root
+    return run
+
+
+def test_it_prints_the_new_token_alone_on_the_last_line_of_the_real_command(tmp_path):
+    env = {**os.environ, "LIBREFANG_HOME": str(tmp_path / "home"), "LIBREFANG_DB": str(tmp_path / "db.sqlite3"),
+           "DJANGO_SETTINGS_MODULE": "librefang_site.settings"}
+    env.pop("DATABASE_URL", None)
+    cmd = [sys.executable, "-m", "librefang_site.cli"]
+    subprocess.run([*cmd, "migrate", "-v0"], env=env, cwd=REPO, check=True, capture_output=True, timeout=120)
+    r = subprocess.run([*cmd, "token", "create", "--role", "agent", "--name", "a1"], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith("lf_") and len(r.stdout.splitlines()) == 1
+    r = subprocess.run([*cmd, "plugin", "show", "ghost"], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 3 and "not installed" in r.stderr
+
+
+def test_it_creates_lists_and_revokes_tokens(cli):
+    r = cli("token", "create", "--role", "viewer", "--name", "ci-bot")
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip().splitlines()[-1]
+    assert token.startswith("lf_") and len(token) > 30
+    listed = json.loads(cli("token", "list", "--json").stdout)
+    row = next(t for t in listed if t["name"] == "ci-bot")
+    assert row["role"] == "viewer" and token not in json.dumps(listed)
+    assert cli("token", "revoke", str(row["id"])).returncode == 0
+    assert not any(t["name"] == "ci-bot" for t in json.loads(cli("token", "list", "--json").stdout))
+    assert cli("token", "revoke", "no-such-token").returncode == 3
+    assert cli("token", "create", "--role", "admin", "--name", "  ").returncode == 2
+
+
+def test_it_scaffolds_lists_lints_and_test_hooks(cli):
+    r = cli("plugin", "scaffold", "clip", "--runtime", "python", "--hook", "ingest", "--hook", "compact")
+    assert r.returncode == 0, r.stderr
+    assert cli("plugin", "scaffold", "clip").returncode == 4
+    assert cli("plugin", "scaffold", "bad name").returncode == 2
+    assert "invalid_name" in cli("plugin", "scaffold", "bad name").stderr
+    listed = json.loads(cli("plugin", "list", "--json").stdout)
+    assert [p["name"] for p in listed] == ["clip"]
+    assert cli("plugin", "lint", "clip").returncode == 0
+    assert cli("plugin", "lint", "ghost").returncode == 3
+    r = cli("plugin", "test-hook", "clip", "ingest", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["reply"]["type"] == "ingest_result" and out["via"]
+    r = cli("plugin", "test-hook", "clip", "ingest", "--input", "-", input='{"agent_id": "a", "message": "hi"}')
+    assert r.returncode == 0 and json.loads(r.stdout)["type"] == "ingest_result"
+    assert cli("plugin", "test-hook", "clip", "ingest", "--input", "{oops").returncode == 2
+    assert cli("plugin", "test-hook", "clip", "ingest", "--input", '{"agent_id": 1}').returncode == 2
+    assert cli("plugin", "test-hook", "clip", "assemble").returncode == 1  # not declared
+    assert cli("plugin", "test-hook", "ghost", "ingest").returncode == 3
+
+
+def test_it_manages_lifecycle_and_reports_failures(cli, tmp_path):
+    src = make_plugin(tmp_path, "clisrc", {"ingest": PY_ECHO_INGEST})
+    r = cli("plugin", "install", str(src))
+    assert r.returncode == 0, r.stderr
+    assert cli("plugin", "install", str(src)).returncode == 4
+    assert cli("plugin", "install").returncode == 2
+    assert json.loads((cli.home / "plugins.lock").read_text())["plugins"]["clisrc"]["files"]
+    assert cli("plugin", "disable", "clisrc").returncode == 0
+    assert json.loads(cli("plugin", "show", "clisrc").stdout)["enabled"] is False
+    assert cli("plugin", "enable", "clisrc").returncode == 0
+    assert cli("plugin", "use", "clisrc").returncode == 0
+    assert 'plugin = "clisrc"' in (cli.home / "config.toml").read_text()
+    toml = cli.home / "plugins/clisrc/plugin.toml"
+    good = toml.read_text()
+    toml.write_text(good + "\n[[[broken\n")
+    r = cli("plugin", "reload", "clisrc")
+    assert r.returncode == 2 and "invalid_manifest" in r.stderr
+    toml.write_text(good)
+    assert cli("plugin", "reload", "clisrc").returncode == 0
+    assert cli("plugin", "update", "clisrc").returncode == 0
+    (cli.home / "plugins/clisrc/hooks/ingest.py").write_text("print('edited')\n")
+    assert cli("plugin", "update", "clisrc").returncode == 4
+    assert cli("plugin", "update", "clisrc", "--force").returncode == 0
+    assert cli("plugin", "uninstall", "clisrc").returncode == 0
+    assert cli("plugin", "uninstall", "clisrc").returncode == 3
+    r = cli("plugin", "doctor", "--json")
+    assert len(json.loads(r.stdout)["runtimes"]) == 12
