@@ -261,12 +261,20 @@ class _Ticker:
 
     def _run(self) -> None:
         engine = get_engine()
+        last = time.monotonic()
         while True:
             with self._cond:
-                while not self._active:
-                    self._cond.wait()
+                if not self._active:
+                    while not self._active:
+                        self._cond.wait()
+                    last = time.monotonic()
             time.sleep(TICK_SECS)
-            engine.increment_epoch()
+            # One tick per TICK_SECS of wall time, even when this thread was scheduled late (a loaded machine).
+            now = time.monotonic()
+            ticks = max(1, int((now - last) / TICK_SECS))
+            last += ticks * TICK_SECS
+            for _ in range(min(ticks, 10_000)):
+                engine.increment_epoch()
 
 
 _ticker = _Ticker()
