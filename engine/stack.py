@@ -200,6 +200,8 @@ class ContextEngine:
     # ---- answering ----
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
+        if not H.is_hook(hook):
+            raise ValueError(f"unknown hook {hook!r}; hooks are: {', '.join(H.ALL_HOOKS)}")
         cfg = self.config.get()
         ce = cfg.context_engine
         req = normalise(hook, request, after_turn_max_chars=ce.after_turn_max_chars,
