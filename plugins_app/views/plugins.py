@@ -132,6 +132,7 @@ def plugin_action(request, name: str, action: str):
         return redirect("plugin_detail", name=name)
     return render(request, "plugins_app/partials/action_feedback.html", {
         "ok": ok, "message": message, "details": details, "plugin": plugin, "action": action,
+        "audit": dashboard.audit(15, target=name) if plugin else None,
     }, status=200)
 
 

@@ -162,3 +162,21 @@ async def test_it_coalesces_a_burst_of_changes_into_one_message(home, user):
     assert html.count('id="plugin-row-eta"') == 1
     assert await comm.receive_nothing(timeout=0.6)
     await comm.disconnect()
+
+
+async def test_it_adds_and_removes_plugin_rows_when_plugins_come_and_go(home, user):
+    comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
+    assert connected
+    await sync_to_async(make_plugin)(home.plugins_dir, "theta", {"ingest": PY_ECHO_INGEST})
+    layer = get_channel_layer()
+    await layer.group_send(events.PLUGINS_GROUP, {"type": "plugin.changed", "plugin": "theta", "what": "scaffolded"})
+    html = await comm.receive_from(timeout=5)
+    assert '<tbody hx-swap-oob="beforeend:#plugin-rows"><tr id="plugin-row-theta"' in html
+    assert '<div id="plugins-empty" hx-swap-oob="delete">' in html
+    import shutil
+
+    await sync_to_async(shutil.rmtree)(home.plugin_dir("theta"))
+    await layer.group_send(events.PLUGINS_GROUP, {"type": "plugin.changed", "plugin": "theta", "what": "uninstalled"})
+    html = await comm.receive_from(timeout=5)
+    assert '<tr id="plugin-row-theta" hx-swap-oob="delete"></tr>' in html
+    await comm.disconnect()
