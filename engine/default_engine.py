@@ -158,7 +158,7 @@ def compact(request: dict, summarizer: Summarizer | None = None, keep_recent: in
     summary, used_fallback = "", True
     if removed and summarizer is not None:
         try:
-            summary = summarizer.summarize(render_for_summary(removed), 1024).strip()
+            summary = llm_summary(removed, summarizer)
             used_fallback = not summary
         except Exception:
             summary = ""
@@ -166,6 +166,44 @@ def compact(request: dict, summarizer: Summarizer | None = None, keep_recent: in
         summary = extractive_summary(removed)
     return {"type": "compact_result", "messages": kept, "summary": summary,
             "compacted_count": len(removed), "used_fallback": used_fallback}
+
+
+MAX_CHUNK_CHARS = 80_000  # LibreFang's compactor default
+MAX_SUMMARY_TOKENS = 1024
+
+
+def llm_summary(messages: list[dict], summarizer: Summarizer, max_chunk_chars: int = MAX_CHUNK_CHARS) -> str:
+    """One LLM call when the rendered messages fit in a chunk; otherwise a summary per chunk, then one merge call
+    (LibreFang's adaptive chunked stage). Raises whatever the endpoint raises; "" when it answers nothing."""
+    text = render_for_summary(messages)
+    if len(text) <= max_chunk_chars:
+        return summarizer.summarize(text, MAX_SUMMARY_TOKENS).strip()
+    chunks: list[str] = []
+    current = ""
+    for line in text.split("\n"):
+        while len(line) > max_chunk_chars:  # one enormous message: split it too
+            if current:
+                chunks.append(current)
+                current = ""
+            chunks.append(line[:max_chunk_chars])
+            line = line[max_chunk_chars:]
+        if current and len(current) + 1 + len(line) > max_chunk_chars:
+            chunks.append(current)
+            current = line
+        else:
+            current = f"{current}\n{line}" if current else line
+    if current:
+        chunks.append(current)
+    parts = [summarizer.summarize(chunk, MAX_SUMMARY_TOKENS).strip() for chunk in chunks]
+    parts = [p for p in parts if p]
+    if not parts:
+        return ""
+    merged = "\n\n".join(f"Part {i + 1}: {p}" for i, p in enumerate(parts))
+    if len(merged) > max_chunk_chars:
+        return merged[:max_chunk_chars]
+    return summarizer.summarize(merged, MAX_SUMMARY_TOKENS,
+                                "Merge these partial summaries of one conversation into a single summary. "
+                                "Keep facts, decisions, open tasks and names.").strip() or merged
 
 
 def extractive_summary(messages: list[dict], max_chars: int = 1500) -> str:

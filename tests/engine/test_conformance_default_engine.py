@@ -114,3 +114,24 @@ def test_default_ingest_survives_a_broken_store():
             raise RuntimeError("db down")
 
     assert D.ingest({"agent_id": "a", "message": "x"}, Broken()) == {"type": "ingest_result", "memories": []}
+
+
+def test_compact_summarises_long_histories_in_chunks_then_merges():
+    from engine.default_engine import llm_summary
+
+    class Counting:
+        def __init__(self):
+            self.calls = []
+
+        def summarize(self, text, max_tokens, prompt=None):
+            self.calls.append((len(text), prompt))
+            return "merged" if prompt else f"p{len(text)}"
+
+    msgs = [msg("user", "w" * 30) for _ in range(10)]  # each renders as 36 chars
+    llm = Counting()
+    assert llm_summary(msgs, llm, max_chunk_chars=100) == "merged"
+    chunk_calls = [c for c in llm.calls if c[1] is None]
+    assert len(chunk_calls) == 5 and all(n <= 100 for n, _ in chunk_calls)
+    assert llm.calls[-1][1].startswith("Merge these partial summaries")
+    llm = Counting()
+    assert llm_summary(msgs[:2], llm, max_chunk_chars=100) == "p73" and len(llm.calls) == 1
