@@ -322,9 +322,12 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
     if venv_python is not None:
         argv[0] = venv_python
     if call.data_dir is not None:
-        call.data_dir.mkdir(parents=True, exist_ok=True)
-        if not call.allow_filesystem:
-            (call.data_dir / "tmp").mkdir(exist_ok=True)
+        try:
+            call.data_dir.mkdir(parents=True, exist_ok=True)
+            if not call.allow_filesystem:
+                (call.data_dir / "tmp").mkdir(exist_ok=True)
+        except OSError as exc:
+            return fail(P.SPAWN_FAILED, f"cannot create the plugin's data directory {call.data_dir}: {exc}")
     try:
         payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
     except (TypeError, ValueError) as exc:
