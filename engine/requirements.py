@@ -16,10 +16,12 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from engine.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
+DEFAULT_TIMEOUT_SECS = 300.0
 DEFAULT_REQUIREMENTS = "requirements.txt"
 
 
@@ -45,10 +47,31 @@ def requirements_file(plugin_dir: Path) -> Path | None:
     return target if target.is_file() else None
 
 
-def install_requirements(plugin_dir: Path, data_dir: Path, timeout: float = 300.0) -> tuple[bool, str]:
-    """Create `<data_dir>/venv` and pip-install the plugin's requirements into it. Returns (ok, output)."""
-    plugin_dir = Path(plugin_dir)
-    data_dir = Path(data_dir)
+class InstallResult(NamedTuple):
+    """(ok, output); also a dict for the API via to_dict()."""
+
+    ok: bool
+    output: str
+
+    def to_dict(self) -> dict:
+        out: dict = {"ok": self.ok, "success": self.ok, "output": self.output}
+        if not self.ok:
+            lines = [line for line in self.output.strip().splitlines() if line.strip()]
+            out["error"] = lines[-1] if lines else "installing requirements failed"
+        return out
+
+
+def install_requirements(plugin_dir: Path, data_dir: Any, timeout: Any = DEFAULT_TIMEOUT_SECS) -> InstallResult:
+    """Create `<data_dir>/venv` and pip-install the plugin's requirements into it. Returns (ok, output).
+
+    Also accepts `(plugin_dir, manifest, home)` (data dir = home.data_dir(manifest.name), default timeout).
+    """
+    if hasattr(data_dir, "requirements") and hasattr(timeout, "data_dir"):
+        data_dir, timeout = timeout.data_dir(data_dir.name), DEFAULT_TIMEOUT_SECS
+    return InstallResult(*_install(Path(plugin_dir), Path(data_dir), float(timeout)))
+
+
+def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, str]:
     try:
         req = requirements_file(plugin_dir)
     except ValueError as exc:

@@ -301,3 +301,16 @@ def test_every_finding_id_the_engine_emits_is_catalogued():
     for name in ("manifest.py", "catalog.py"):
         emitted |= set(re.findall(r'F\.(?:error|warning)\(\s*"([a-z_]+\.[a-z_]+)"', (root / name).read_text()))
     assert emitted and emitted == set(ENGINE_FINDINGS)
+
+
+def test_install_requirements_result_unpacks_and_serialises(engine, ehome, tmp_path):
+    pdir = make_plugin(ehome.plugins_dir, "deps2", {"ingest": ECHO})
+    (pdir / "requirements.txt").write_text(f"{_tiny_wheel(tmp_path)}\n")
+    manifest = engine.catalog.get("deps2").plugin.manifest
+    result = install_requirements(pdir, manifest, ehome)  # the API's call shape: data dir from the home
+    ok, output = result
+    assert ok and (ehome.data_dir("deps2") / "venv" / "bin" / "python").exists()
+    assert result.to_dict()["success"] is True and result.to_dict()["output"] == output
+    (pdir / "requirements.txt").write_text("definitely-not-a-real-package-xyz==1.0\n")
+    failed = install_requirements(pdir, ehome.data_dir("deps2"), 0.05).to_dict()
+    assert failed["ok"] is False and failed["error"] == "timed out after 0.05s"
