@@ -15,6 +15,15 @@ from tests.plugin_factory import make_plugin, write_config
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _flush_recording():
+    """Traces are written by a background thread: let it finish while this test may still use the database."""
+    yield
+    from plugins_app.services.engine import invocation_sink
+
+    invocation_sink().flush()
+
+
 @pytest.fixture
 def llm_server():
     seen: list[dict] = []
