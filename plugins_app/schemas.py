@@ -3,7 +3,7 @@ requests: agents may send more than the docs list and plugins receive it all."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import ConfigDict, Field
@@ -134,13 +134,13 @@ class HealthOut(Schema):
 
 # ---- plugin management ----
 
-PluginName = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 HookName = Literal["ingest", "after_turn", "assemble", "compact", "bootstrap", "prepare_subagent", "merge_subagent",
                    "transform_tool_result", "on_event"]
 
 
 class ScaffoldIn(Schema):
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
     description: str = Field("", max_length=500)
     runtime: str = Field("python", max_length=32)
     hooks: list[HookName] | None = None
@@ -161,7 +161,7 @@ class InstallIn(Schema):
 
 
 class NameIn(Schema):
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
 
 
 class UpdateIn(Schema):
@@ -174,8 +174,8 @@ class TestHookIn(Schema):
 
 
 class EngineConfigIn(Schema):
-    plugin: str | None = Field(None, max_length=128)
-    plugin_stack: list[str] | None = Field(None, max_length=32)
+    plugin: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
+    plugin_stack: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(None, max_length=32)
 
 
 class Open(Schema):

@@ -4,7 +4,7 @@
 import json
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema
+from ninja import Path, Query, Router, Schema
 from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
@@ -169,7 +169,7 @@ def traces(request, filters: Query[TraceFilters]):
 
 
 @router.get("/traces/{trace_id}", auth=VIEWER, response={200: TraceOut, **E}, operation_id="traces_get")
-def trace(request, trace_id: str):
+def trace(request, trace_id: str = Path(..., pattern="^[0-9a-f]{16}$", description="16 lowercase hex characters")):
     try:
         found = trace_selectors.get_trace(trace_id)
     except ValueError as exc:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Path, Query, Router, Schema
 
 from engine import hooks as H
 from plugins_app.api.context_engine import optional_body, optional_body_openapi, validated
 from plugins_app.api.errors import ApiError, json_response
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
 from plugins_app.schemas import (
+    NAME_PATTERN,
     DoctorOut,
     EnabledOut,
     ErrorEnvelope,
@@ -41,6 +42,7 @@ from plugins_app.services.engine import get_engine
 from plugins_app.services.plugins import PluginError
 
 router = Router(tags=["plugins"])
+PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
      413: ErrorEnvelope}
 
@@ -117,7 +119,7 @@ def _plugin_or_404(name: str, request: HttpRequest):
 
 
 @router.get("/{name}", auth=VIEWER, response={200: PluginOut, **E}, operation_id="plugins_get")
-def get_plugin(request, name: str):
+def get_plugin(request, name: str = PluginPath):
     summary = _plugin_or_404(name, request)
     data = summary.to_dict()
     entry = get_engine().catalog.get(name)
@@ -130,7 +132,7 @@ def get_plugin(request, name: str):
 
 
 @router.get("/{name}/lint", auth=VIEWER, response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")
-def lint(request, name: str):
+def lint(request, name: str = PluginPath):
     """200 when the plugin has no errors, 422 with the report when it has."""
     try:
         report = doctor_selectors.lint(name)
@@ -140,7 +142,7 @@ def lint(request, name: str):
 
 
 @router.post("/{name}/reload", auth=OWNER, response={200: ReloadOut, **E}, operation_id="plugins_reload")
-def reload(request, name: str):
+def reload(request, name: str = PluginPath):
     """Re-read plugin.toml: timeout, [env], hooks and runtime apply to the next call. A broken manifest gets 400
     and the previous configuration keeps serving."""
     try:
@@ -150,7 +152,7 @@ def reload(request, name: str):
 
 
 @router.post("/{name}/enable", auth=OWNER, response={200: EnabledOut, **E}, operation_id="plugins_enable")
-def enable(request, name: str):
+def enable(request, name: str = PluginPath):
     try:
         return json_response(plugin_service.set_enabled(name, True, actor=actor(request)))
     except PluginError as exc:
@@ -158,7 +160,7 @@ def enable(request, name: str):
 
 
 @router.post("/{name}/disable", auth=ADMIN, response={200: EnabledOut, **E}, operation_id="plugins_disable")
-def disable(request, name: str):
+def disable(request, name: str = PluginPath):
     try:
         return json_response(plugin_service.set_enabled(name, False, actor=actor(request)))
     except PluginError as exc:
@@ -167,7 +169,7 @@ def disable(request, name: str):
 
 @router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update",
              openapi_extra=optional_body_openapi(UpdateIn))
-def update(request, name: str):
+def update(request, name: str = PluginPath):
     """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
     body = optional_body(request, UpdateIn)
     try:
@@ -177,7 +179,7 @@ def update(request, name: str):
 
 
 @router.post("/{name}/install-deps", auth=OWNER, response={200: dict, **E}, operation_id="plugins_install_deps")
-def install_deps(request, name: str):
+def install_deps(request, name: str = PluginPath):
     try:
         return json_response(plugin_service.install_deps(name, actor=actor(request)))
     except PluginError as exc:
@@ -200,7 +202,7 @@ def _test_hook_timeout(name: str, hook: str) -> float:
 
 
 @router.post("/{name}/test-hook", auth=OWNER, response={200: TestHookOut, **E}, operation_id="plugins_test_hook")
-async def test_hook(request, name: str, body: TestHookIn):
+async def test_hook(request, body: TestHookIn, name: str = PluginPath):
     """Run this plugin's hook once through a worker, whatever the active configuration. `error` carries the
     classified failure (timeout, script_error with exit code, empty_output, …)."""
     validated(body.hook, body.input)

@@ -62,7 +62,8 @@ def test_it_scaffolds_201_409_400(api, home):
     assert r.json()["scaffolded"] and r.json()["plugin"]["runtime"] == "bash"
     assert api("POST", "/plugins/scaffold", {"name": "fresh"}).status_code == 409
     r = api("POST", "/plugins/scaffold", {"name": "x y"})
-    assert r.status_code == 400 and err(r) == "invalid_name"
+    assert r.status_code == 400 and err(r) == "validation_error"
+    assert api("POST", "/plugins/bad%20name/reload").status_code == 400
     r = api("POST", "/plugins/scaffold", {"name": "z", "runtime": "cobol"})
     assert r.status_code == 400 and err(r) == "invalid_runtime"
     r = api("POST", "/plugins/scaffold", {"name": "z", "hooks": ["nope"]})
@@ -180,6 +181,7 @@ def test_it_installs_from_a_local_path_with_idempotency(api, home, tmp_path):
     ({"source": "git", "url": "--upload-pack=evil"}, "invalid_source"),
     ({"source": "git", "url": "ftp://x/y"}, "invalid_source"),
     ({"source": "registry", "name": "../x", "registry": "/tmp"}, "invalid_name"),
+    ({"source": "git", "url": "ssh://nobody@127.0.0.1:1/none.git"}, "git_failed"),
     ({"source": "warez"}, "validation_error"),
 ])
 def test_it_rejects_bad_install_sources(api, home, body, code):
