@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -406,7 +407,7 @@ def verify_integrity(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
             continue
         target = (plugin_dir / rel)
         try:
-            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            digest = file_sha256(target)
         except OSError as exc:
             out.append(F.error("integrity.unreadable", f"[integrity] file {rel} cannot be read: {exc}",
                                "Restore the file or re-sign the plugin."))
@@ -415,3 +416,25 @@ def verify_integrity(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
             out.append(F.error("integrity.mismatch", f"[integrity] sha256 of {rel} does not match",
                                "The file changed after signing: restore it, or re-sign if the change is yours."))
     return out
+
+
+_digests: dict[str, tuple[tuple, str]] = {}
+_digests_lock = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, re-hashed whenever its stat changes. ctime is part of the key: any write, rename or
+    utime() moves it and user space cannot set it back, so a tampered file is always re-hashed."""
+    st = os.stat(path)
+    key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    name = str(path)
+    with _digests_lock:
+        hit = _digests.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with _digests_lock:
+        if len(_digests) > 4096:
+            _digests.clear()
+        _digests[name] = (key, digest)
+    return digest
