@@ -9,6 +9,7 @@ arrive while the tail is being sent are de-duplicated by seq. Accepts the sessio
 from __future__ import annotations
 
 import asyncio
+import logging
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
@@ -20,6 +21,7 @@ from plugins_app.auth import allows, lookup
 from plugins_app.models import Role
 from plugins_app.selectors import dashboard
 
+log = logging.getLogger("librefang.dashboard")
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 
@@ -147,9 +149,12 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         await asyncio.sleep(COALESCE_SECS)
         pending, self.pending = self.pending, {}
         states, self.state_changed = self.state_changed, {}
-        html = await sync_to_async(render_metrics_fragments)(self.view, pending, states)
-        if html.strip():
-            await self.send(text_data=html)
+        try:
+            html = await sync_to_async(render_metrics_fragments)(self.view, pending, states)
+            if html.strip():
+                await self.send(text_data=html)
+        except Exception:  # a failed render must not end live updates for this browser
+            log.exception("rendering metrics fragments for view %s failed", self.view)
         if self.pending:
             self._schedule()
 
