@@ -2,7 +2,11 @@
 
   librefang start                 migrate, first-run setup, Redis check, daphne + LIBREFANG_WORKERS workers
   librefang worker                one hook worker
-  librefang plugin …  / token …   plugin and token management (see --help)
+  librefang plugin ACTION …       list | show | scaffold | reload | enable | disable | doctor | lint | install |
+                                  uninstall | update | install-deps | test-hook | use   (`librefang plugin -h`)
+  librefang token ACTION …        create --role owner|admin|viewer|agent --name N | list | revoke ID|NAME
+
+Exit codes: 0 ok, 1 check or hook failed, 2 invalid input, 3 not found, 4 conflict.
 """
 
 from __future__ import annotations
