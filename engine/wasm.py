@@ -819,8 +819,10 @@ def _run(store: wasmtime.Store, compiled: CompiledModule, names: frozenset, wasi
         packed = entry(store, ptr, len(input_bytes))
     except wasmtime.Trap as exc:
         raise _classify_trap(exc, store, memory, limit, policy, timeout_secs, "az_tool_execute") from exc
+    except wasmtime.ExitTrap as exc:
+        raise WasmError(TRAP, f"module called proc_exit({exc.code}) instead of returning its output") from exc
     except wasmtime.WasmtimeError as exc:
-        raise WasmError(TRAP, f"az_tool_execute failed: {_first_line(exc)}") from exc
+        raise WasmError(TRAP, f"az_tool_execute failed: {_trap_text(exc)}") from exc
     out_ptr, out_len = unpack(packed)
     if out_len == 0:
         return b""

@@ -413,3 +413,13 @@ def test_it_never_loads_a_native_cache_it_did_not_write(tmp_path):
     W.clear_memory_cache()
     assert W.load_module(victim, POLICY).cache == "recompiled-corrupt"
     assert run(victim).output == b'{"output": "honest", "error": null}'
+
+
+def test_it_reports_a_wasi_proc_exit_clearly(tmp_path):
+    wat = """(module (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+      (memory (export "memory") 1)
+      (func (export "az_alloc") (param i32) (result i32) (i32.const 16))
+      (func (export "az_tool_execute") (param i32 i32) (result i64) (call $exit (i32.const 3)) (i64.const 0)))"""
+    path = tmp_path / "exit.wasm"
+    path.write_bytes(compile_wat(wat))
+    assert "proc_exit(3)" in fails(path, W.TRAP)

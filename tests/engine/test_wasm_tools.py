@@ -252,3 +252,19 @@ def test_it_reports_a_refused_import_when_listing_before_any_call(ehome):
     installed(ehome, "envtool", fixture_wasm("host_env_get"))
     info = T.describe(T.get_tool(ehome, "envtool"), W.WasmPolicy())
     assert any("az::az_env_get` is imported but not declared" in p for p in info["problems"])
+
+
+def test_it_discovers_a_flat_development_layout_and_reports_a_missing_module(ehome):
+    flat = ehome.tools_dir / "devtool"
+    flat.mkdir(parents=True)
+    (flat / "manifest.json").write_text(json.dumps(tool_manifest("devtool", ECHO)))
+    (flat / "plugin.wasm").write_bytes(ECHO)
+    gone = ehome.tools_dir / "gone" / "1.0.0"
+    gone.mkdir(parents=True)
+    (gone / "manifest.json").write_text(json.dumps(tool_manifest("gone", ECHO, version="1.0.0")))
+    tools = {t.id: t for t in T.list_tools(ehome)}
+    assert tools["devtool"].dir == flat and not tools["devtool"].problems
+    assert T.execute(ehome, "devtool", "", policy=W.WasmPolicy()).output == "echo:ok"
+    assert "wasm file `plugin.wasm` is missing" in tools["gone"].problems
+    run = T.execute(ehome, "gone", "", policy=W.WasmPolicy())
+    assert not run.ok and run.kind == P.MANIFEST_INVALID
