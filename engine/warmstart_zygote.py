@@ -176,13 +176,23 @@ def _setup_child(spec, stdio, zygote_pid, libc, extras_top):
         sys.path_importer_cache.pop(old0, None)
         # A module the zygote preloaded but the script's own directory shadows (a local json.py): a fresh interpreter
         # would import the local file, so forget every preloaded module and let imports run as they would.
-        if any(_shadowed(name, script_dir) for name in extras_top):
+        if _shadows_preloaded(script_dir, extras_top):
             for name in list(sys.modules):
                 if name not in _BASELINE and name != "__main__":
                     del sys.modules[name]
     sys.argv = [script]
     if hasattr(sys, "orig_argv"):
         sys.orig_argv = [spec["launcher"], script]
+
+
+def _shadows_preloaded(directory, names):
+    """Whether `directory` holds a module or package named like one of `names` (one listdir, then exact checks)."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return False
+    return any(entry.partition(".")[0] in names and _shadowed(entry.partition(".")[0], directory)
+               for entry in entries)
 
 
 def _shadowed(name, directory):
@@ -318,8 +328,8 @@ def _main():
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         libc = None
-    extras_top = sorted({n.partition(".")[0] for n in set(sys.modules) - _BASELINE
-                         if getattr(sys.modules[n], "__file__", None)})
+    extras_top = frozenset(n.partition(".")[0] for n in set(sys.modules) - _BASELINE
+                           if getattr(sys.modules[n], "__file__", None))
     zygote_pid = os.getpid()
     gc.collect()
     if hasattr(gc, "freeze"):
