@@ -85,3 +85,18 @@ def test_it_refuses_changes_and_the_console_to_viewers(client, home, viewer):
 def test_it_refuses_console_runs_of_unknown_tools(client, home, owner):
     resp = client.post("/tools/execute/", {"tool": "ghost", "input": "x"})
     assert resp.status_code == 404 and "unknown tool" in resp.content.decode()
+
+
+def test_it_creates_a_wasm_plugin_from_the_dashboard_form_and_shows_it(client, home, owner):
+    from plugins_app.services.engine import get_engine
+
+    resp = client.post("/create/", {"name": "wasmform", "description": "from the form", "runtime": "wasm",
+                                    "hooks": ["ingest", "assemble"]})
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    pdir = home.plugin_dir("wasmform")
+    assert (pdir / "hooks" / "ingest.wasm").exists() and (pdir / "hooks" / "ingest.wat").exists()
+    page = client.get("/plugins/wasmform/").content.decode()
+    assert "wasm" in page and "hooks/ingest.wasm" in page
+    attempt = get_engine().test_hook("wasmform", "ingest", {"agent_id": "a", "message": "hi"})
+    assert attempt.ok and attempt.reply == {"type": "ingest_result", "memories": []}
+    assert "[INFO] wasmform: ingest called" in attempt.result.stderr
