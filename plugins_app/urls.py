@@ -35,7 +35,8 @@ urlpatterns = [
     path("tools/execute/", tool_views.tool_execute, name="tool_execute"),
     path("tools/<str:tool_id>/<str:action>/", tool_views.tool_action, name="tool_action"),
     # API
-    path("api/", api_urls),
     # The same API under /api/v1/ (LibreFang mounts both); a separate namespace keeps reversing unambiguous.
+    # /api/v1/ comes first: /api/'s catch-all JSON 404 route would otherwise swallow it.
     path("api/v1/", (api_urls[0], "api-v1", "api-v1")),
+    path("api/", api_urls),
 ]

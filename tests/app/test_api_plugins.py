@@ -334,3 +334,11 @@ def test_it_installs_deps_into_the_plugin_venv_or_reports_the_failure(api, home)
     assert r.status_code == 400 and err(r) == "install_deps_failed", r.content
     assert AuditEntry.objects.filter(action="plugin.install_deps", ok=False).exists()
     assert api("POST", "/plugins/ghost/install-deps").status_code == 404
+
+
+def test_it_answers_unknown_api_paths_with_the_json_envelope(api):
+    for path in ("/nope", "/plugins/a/b/c", "/context-engine/nothing"):
+        r = api("GET", path)
+        assert r.status_code == 404 and err(r) == "not_found"
+    r = api("POST", "/plugins/x/frobnicate", prefix="/api/v1")
+    assert r.status_code == 404 and err(r) == "not_found"
