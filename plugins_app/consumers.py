@@ -87,7 +87,8 @@ class StderrConsumer(AsyncWebsocketConsumer):
 
 
 METRICS_VIEWS = ("list", "plugin", "engine")
-COALESCE_SECS = 0.25  # a burst of calls becomes one re-render
+THROTTLE_SECS = 0.25  # at most one re-render per this interval: a burst of calls becomes one message
+GATHER_SECS = 0.03  # a first change waits only this long for its siblings (one recording batch)
 
 
 class MetricsConsumer(AsyncWebsocketConsumer):
@@ -111,6 +112,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         self.pending: dict[str, set[str]] = {}
         self.state_changed: dict[str, str] = {}
         self.flusher: asyncio.Task | None = None
+        self.last_flush = 0.0
         self.groups_joined = [events.METRICS_GROUP, events.PLUGINS_GROUP]
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
@@ -146,7 +148,9 @@ class MetricsConsumer(AsyncWebsocketConsumer):
             self.flusher = asyncio.ensure_future(self._flush_later())
 
     async def _flush_later(self) -> None:
-        await asyncio.sleep(COALESCE_SECS)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(GATHER_SECS, self.last_flush + THROTTLE_SECS - loop.time()))
+        self.last_flush = loop.time()
         pending, self.pending = self.pending, {}
         states, self.state_changed = self.state_changed, {}
         try:
