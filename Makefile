@@ -34,6 +34,11 @@ test: $(STAMP)
 		DATABASE_URL="$(dir $(PG_URL))lfmem_$$$$" $(BIN)/pytest -q tests/app/test_memory.py tests/app/test_engine_llm.py; \
 	else echo "PostgreSQL not reachable at $(PG_URL): skipping the PostgreSQL memory-store run"; fi
 
+# A longer schemathesis run than the one `make test` includes (tests/e2e/test_api_schemathesis.py, 15 examples
+# per operation): SCHEMATHESIS_MAX_EXAMPLES=N to change it.
+schemathesis: $(STAMP)
+	SCHEMATHESIS_MAX_EXAMPLES=$${SCHEMATHESIS_MAX_EXAMPLES:-50} $(BIN)/pytest -q tests/e2e/test_api_schemathesis.py
+
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
