@@ -84,6 +84,12 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintRepo
         if m.integrity and script not in m.integrity:
             add(F.warning("integrity.hook_unsigned", f"{hook}: {script} has no [integrity] entry",
                           "Add its sha256 to [integrity] so tampering is detected."))
+    if resolved.runtime.in_process and not resolved.custom_launcher:  # wasm: ABI, imports, memory (engine/wasm.py)
+        from engine.wasm import check_plugin
+
+        for f in check_plugin(plugin_dir, declared):
+            if f.id not in ("wasm.module_missing", "wasm.module_path"):  # reported above
+                add(f)
     if not declared:
         add(F.warning("hooks.none", "no hooks are declared", f"Declare at least one of: {', '.join(ALL_HOOKS)}."))
     if not m.description:

@@ -187,3 +187,11 @@ def test_it_scaffolds_every_hook_through_the_shared_scaffold_plan(ehome, engine)
         attempt = engine.test_hook("everyhook", hook, dict(request))
         assert attempt.ok, (hook, attempt.failure)
         assert attempt.reply == W.SCAFFOLD_REPLIES[hook]
+
+
+def test_it_lints_wasm_modules(ehome):
+    from engine.lint import lint_plugin
+
+    wasm_plugin(ehome, "linty", {"ingest": fixture_wasm("host_env_get"), "assemble": fixture_wasm("echo")})
+    ids = [f.id for f in lint_plugin(ehome.plugins_dir / "linty").findings]
+    assert "wasm.import_denied" in ids and "wasm.abi" not in ids
