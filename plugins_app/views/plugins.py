@@ -8,9 +8,11 @@ import json
 import time
 
 from asgiref.sync import sync_to_async
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from engine.hooks import ALL_HOOKS, BOOTSTRAP
@@ -106,7 +108,7 @@ def plugin_detail(request, name: str):
     })
 
 
-ACTIONS = ("reload", "enable", "disable")
+ACTIONS = ("reload", "enable", "disable", "uninstall")
 
 
 @login_required
@@ -116,6 +118,12 @@ def plugin_action(request, name: str, action: str):
     if action not in ACTIONS:
         raise Http404("unknown action")
     try:
+        if action == "uninstall":
+            plugin_service.uninstall_plugin(name, actor(request))
+            messages.success(request, f"{name} was uninstalled.")
+            if request.headers.get("HX-Request"):
+                return HttpResponse(status=204, headers={"HX-Redirect": reverse("plugin_list")})
+            return redirect("plugin_list")
         if action == "reload":
             result = plugin_service.reload_plugin(name, actor(request))
             message = result.get("message") or "Reloaded."

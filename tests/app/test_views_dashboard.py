@@ -103,6 +103,17 @@ def test_it_disables_enables_and_reloads_with_audit_entries(client, home, owner)
     assert ("plugin.reload", "user:boss") in actions
 
 
+def test_it_uninstalls_from_the_plugin_page_and_goes_back_to_the_list(client, home, owner):
+    make_plugin(home.plugins_dir, "doomed", {"ingest": PY_ECHO_INGEST})
+    resp = client.post("/plugins/doomed/uninstall/", HTTP_HX_REQUEST="true")
+    assert resp.status_code == 204 and resp["HX-Redirect"] == "/"
+    assert not home.plugin_dir("doomed").exists()
+    assert AuditEntry.objects.filter(action="plugin.uninstall", target="doomed", actor="user:boss").exists()
+    assert "doomed was uninstalled" in client.get("/").content.decode()
+    again = client.post("/plugins/doomed/uninstall/", HTTP_HX_REQUEST="true")
+    assert again.status_code == 200 and 'data-ok="false"' in again.content.decode()
+
+
 def test_it_reports_a_broken_manifest_on_reload_without_a_500(client, home, owner):
     pdir = make_plugin(home.plugins_dir, "alpha", {"ingest": PY_ECHO_INGEST})
     client.get("/plugins/alpha/")  # the catalog has a good configuration
@@ -118,6 +129,8 @@ def test_it_refuses_actions_to_viewers(client, home, viewer):
     assert client.get("/plugins/alpha/").status_code == 200  # reading is fine
     assert client.post("/plugins/alpha/disable/").status_code == 403
     assert not (home.plugin_dir("alpha") / ".disabled").exists()
+    assert client.post("/plugins/alpha/uninstall/").status_code == 403
+    assert home.plugin_dir("alpha").exists()
     assert client.post("/plugins/alpha/test-hook/", {"hook": "ingest", "payload": "{}"}).status_code == 403
     assert client.get("/create/").status_code == 403
     assert client.post("/create/", {"name": "x", "runtime": "python", "hooks": ["ingest"]}).status_code == 403
