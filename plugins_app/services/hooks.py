@@ -51,8 +51,13 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
 
 async def test_hook(plugin: str, hook: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one plugin's hook through a worker, whatever the active configuration."""
-    reply = await bus.submit_and_wait(hook, request, timeout + REPLY_MARGIN_SECS + 1, kind="test_hook",
-                                      plugin=plugin, deadline_secs=timeout + 1)
+    try:
+        reply = await bus.submit_and_wait(hook, request, timeout + REPLY_MARGIN_SECS + 1, kind="test_hook",
+                                          plugin=plugin, deadline_secs=timeout + 1)
+    except Exception as exc:  # Redis down: say so instead of failing the request
+        log.warning("bus unavailable for test-hook %s.%s: %s", plugin, hook, exc)
+        return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
+                "error": {"kind": P.WORKER_UNAVAILABLE, "message": f"job bus unreachable ({type(exc).__name__})"}}
     if reply is None:
         return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
                 "error": {"kind": P.WORKER_UNAVAILABLE, "message": f"no worker answered within {timeout:g}s"}}
