@@ -120,6 +120,12 @@ def test_it_reloads_and_disables_with_visible_effect(logged_in_page, live):
     expect(page.locator("#audit-rows")).to_contain_text("plugin.enable", timeout=WAIT_MS)
     expect(page.locator("#audit-rows")).to_contain_text("plugin.disable")
     expect(page.locator("#audit-rows")).to_contain_text("plugin.reload")
+    page.once("dialog", lambda dialog: dialog.accept())  # the confirm step
+    page.get_by_role("button", name="Uninstall").click()
+    page.wait_for_url(live.url + "/", timeout=WAIT_MS)
+    expect(page.locator("main")).to_contain_text("toggler was uninstalled")
+    expect(page.locator("#plugin-row-toggler")).to_have_count(0)
+    assert not pdir.exists()
 
 
 def test_it_shows_stderr_lines_live_while_the_hook_runs(logged_in_page, live):
