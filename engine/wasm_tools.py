@@ -205,6 +205,37 @@ def read_package(data: bytes) -> tuple[ToolManifest, bytes, bytes]:
     return manifest, files["manifest.json"], wasm
 
 
+def fetch_package(url: str, expected_sha256: str | None = None, timeout: float = 30.0) -> bytes:
+    """A package's bytes from `file://`, `http://` or `https://` (AgentZero's install --url), checked against
+    `expected_sha256` (the sha of the tar bytes) when given. Raises ToolError."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        try:
+            with open(urllib.parse.unquote(parts.path), "rb") as fh:
+                data = fh.read(MAX_PACKAGE_BYTES + 1)
+        except OSError as exc:
+            raise ToolError(f"cannot read {url}: {exc.strerror or exc}") from exc
+    elif parts.scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (owner-supplied URL)
+                data = resp.read(MAX_PACKAGE_BYTES + 1)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ToolError(f"cannot download {url}: {exc}", code="download_failed", status=502) from exc
+    else:
+        raise ToolError(f"unsupported URL scheme for '{url}'. Use 'https://', 'http://', or 'file://'")
+    if len(data) > MAX_PACKAGE_BYTES:
+        raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
+    if expected_sha256:
+        actual = sha256_hex(data)
+        if actual != expected_sha256.strip().lower():
+            raise ToolError(f"SHA256 mismatch: expected {expected_sha256.strip().lower()}, got {actual}")
+    return data
+
+
 @dataclass
 class InstalledTool:
     id: str

@@ -78,16 +78,26 @@ def list_tools(request):
 
 @router.post("/install", auth=OWNER, response={201: dict, **ERRORS}, operation_id="tools_install")
 async def install(request):
-    """Install a tool package: the tar as the raw body (Content-Type application/x-tar) or a multipart `package`."""
+    """Install a tool package: the tar as the raw body (Content-Type application/x-tar), a multipart `package`, or
+    JSON `{"url": "file://|http://|https://…", "sha256": "<sha of the tar>"}` (AgentZero's install --url)."""
     data = _upload(request, "package")
-    if data is None:
-        if request.content_type and request.content_type.startswith("multipart/"):
-            raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
-        data = request.body
-    if not data:
-        raise ApiError(400, "validation_error", "send the package tar as the body or as a multipart `package` file")
+    source = "local"
     try:
-        info = await sync_to_async(tool_service.install)(data, actor(request))
+        if data is None and request.content_type == "application/json":
+            body = _json_body(request)
+            if not isinstance(body.get("url"), str) or not body["url"]:
+                raise ApiError(400, "validation_error", 'a JSON body needs "url" (and optionally "sha256")')
+            sha = body.get("sha256") if isinstance(body.get("sha256"), str) else None
+            data = await sync_to_async(T.fetch_package, thread_sensitive=False)(body["url"], sha)
+            source = "url"
+        if data is None:
+            if request.content_type and request.content_type.startswith("multipart/"):
+                raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
+            data = request.body
+        if not data:
+            raise ApiError(400, "validation_error", "send the package tar as the body, as a multipart `package` "
+                                                    'file, or {"url": …, "sha256": …}')
+        info = await sync_to_async(tool_service.install)(data, actor(request), source)
     except T.ToolError as exc:
         raise _tool_error(exc) from exc
     await tool_service.request_describe(info["id"])  # a worker reads az_tool_name/az_tool_schema

@@ -146,3 +146,21 @@ def test_it_runs_a_tool_job_on_the_worker_side(home):
     assert body["ok"] and body["output"] == "echo:ok" and body["error"] is None and body["tool"] == "echo"
     assert run_tool_job({"tool": "ghost", "input": ""})["_tool_error"]["status"] == 404
     assert run_tool_job({"tool": 3})["_tool_error"]["code"] == "bad_request"
+
+
+@pytest.mark.django_db
+def test_it_installs_from_a_url(client, home, tokens, tmp_path):
+    data = package_bytes()
+    tar = tmp_path / "echo.tar"
+    tar.write_bytes(data)
+    body = {"url": tar.as_uri(), "sha256": T.sha256_hex(data)}
+    resp = call(client, "post", "/api/tools/install", tokens["owner"], data=body, content_type="application/json")
+    assert resp.status_code == 201, resp.content
+    assert json.loads((home.tools_dir / "plugin-state.json").read_text())["plugins"]["echo"]["source"] == "url"
+    bad = call(client, "post", "/api/tools/install", tokens["owner"], data={**body, "sha256": "f" * 64},
+               content_type="application/json")
+    assert bad.status_code == 400 and "SHA256 mismatch" in bad.json()["error"]["message"]
+    assert call(client, "post", "/api/tools/install", tokens["owner"], data={"sha256": "x"},
+                content_type="application/json").status_code == 400
+    denied = call(client, "post", "/api/tools/install", tokens["admin"], data=body, content_type="application/json")
+    assert denied.status_code == 403

@@ -268,3 +268,17 @@ def test_it_discovers_a_flat_development_layout_and_reports_a_missing_module(eho
     assert "wasm file `plugin.wasm` is missing" in tools["gone"].problems
     run = T.execute(ehome, "gone", "", policy=W.WasmPolicy())
     assert not run.ok and run.kind == P.MANIFEST_INVALID
+
+
+def test_it_fetches_packages_by_url_with_an_optional_sha(ehome, tmp_path):
+    data = T.package(tool_manifest("echo", ECHO), ECHO)
+    tar = tmp_path / "echo.tar"
+    tar.write_bytes(data)
+    assert T.fetch_package(tar.as_uri()) == data
+    assert T.fetch_package(tar.as_uri(), T.sha256_hex(data).upper()) == data
+    with pytest.raises(T.ToolError, match="SHA256 mismatch: expected 0+, got "):
+        T.fetch_package(tar.as_uri(), "0" * 64)
+    with pytest.raises(T.ToolError, match="unsupported URL scheme"):
+        T.fetch_package("ftp://example.org/echo.tar")
+    with pytest.raises(T.ToolError, match="cannot read"):
+        T.fetch_package((tmp_path / "missing.tar").as_uri())
