@@ -369,11 +369,11 @@ def _load_or_compile(wasm_path: Path, source: bytes, sha: str) -> CompiledModule
                 # outside plugin directories), never a cache shipped inside a plugin package.
                 stamp = cwasm.with_suffix(".cwasm.hmac")
                 if not hmac.compare_digest(stamp.read_text().strip(), _seal(artefact)):
-                    raise ValueError("artefact seal does not match")
+                    raise ValueError("not sealed by this installation")
                 module = wasmtime.Module.deserialize(engine, artefact)
                 return _compiled(module, sha, len(source), "disk", warnings)
             except (OSError, ValueError, wasmtime.WasmtimeError) as exc:
-                warnings.append(f"AOT cache {cwasm.name} is corrupt ({exc}); recompiled from source")
+                warnings.append(f"AOT cache {cwasm.name} is unusable ({_first_line(exc)}); recompiled from source")
                 state = "recompiled-corrupt"
         else:
             state = "recompiled-stale"
