@@ -110,8 +110,17 @@
     document.body.setAttribute("data-ws-open", String((parseInt(document.body.getAttribute("data-ws-open"), 10) || 0) + 1));
   });
   document.addEventListener("htmx:wsClose", function (ev) {
+    var code = ev.detail && ev.detail.event ? ev.detail.event.code : 0;
+    // The ws extension retries only after abnormal closes; a server shutting down cleanly says 1001
+    // ("going away"): retry that too, a little later, so a restarted server picks every page up again.
+    if (code === 1001 && ev.detail.socketWrapper && document.body.contains(ev.target)) {
+      setTimeout(function () { ev.detail.socketWrapper.reconnect(); }, 1000 + Math.random() * 2000);
+    }
     var panel = panelFor(ev.target);
-    if (panel) setStatus(panel, "disconnected · reconnecting…");
+    if (!panel) return;
+    if (code === 4401 || code === 4403) setStatus(panel, "not signed in any more: reload the page to log in again");
+    else if ([1001, 1006, 1011, 1012, 1013].indexOf(code) >= 0) setStatus(panel, "disconnected · reconnecting…");
+    else setStatus(panel, "disconnected (code " + code + "): reload the page to resume");
   });
 
   // Every (re)connect of a stderr socket asks only for lines after the last one this page has: the server sends
