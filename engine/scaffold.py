@@ -321,5 +321,8 @@ def _wasm_plan(name: str, description: str, hooks: list[str]) -> ScaffoldPlan:
     make = getattr(wasm, "scaffold_files", None) if wasm is not None else None
     if make is None:
         raise ScaffoldError("runtime_not_scaffoldable", "the wasm runtime has no scaffold template in this build")
-    files = make(name, description, hooks)
+    try:
+        files = make(name, description, hooks)
+    except ValueError as exc:
+        raise ScaffoldError("invalid_hook", str(exc)) from exc
     return ScaffoldPlan("wasm", {k: (v if isinstance(v, bytes) else str(v).encode()) for k, v in files.items()}, set())

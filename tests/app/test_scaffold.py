@@ -96,15 +96,20 @@ def test_it_rejects_control_characters_in_description():
         plan("x", "bad\x00", "python", None)
 
 
-def test_it_reports_wasm_when_no_template_exists():
+@pytest.mark.django_db
+def test_it_scaffolds_wasm_modules_that_run_or_says_it_cannot(home):
     try:
         from engine import wasm
     except ImportError:
         wasm = None
-    if wasm is not None and hasattr(wasm, "scaffold_files"):
-        p = plan("w", "d", "wasm", None)
-        assert "plugin.toml" in p.files
-    else:
+    if wasm is None or not hasattr(wasm, "scaffold_files"):
         with pytest.raises(ScaffoldError) as exc:
             plan("w", "d", "wasm", None)
         assert exc.value.code == "runtime_not_scaffoldable"
+        return
+    summary = scaffold_plugin("wasmy", "d", "wasm", ["ingest", "assemble", "after_turn"], actor="test")
+    assert summary.runtime == "wasm" and summary.hooks_valid
+    engine = ContextEngine(EngineDeps(home=home))
+    for hook in ("ingest", "assemble", "after_turn"):
+        attempt = engine.test_hook("wasmy", hook, example_request(hook))
+        assert attempt.ok and isinstance(attempt.reply, dict), (hook, attempt.failure)
