@@ -34,7 +34,21 @@ def envelope(code: str, message: str, details: Any = None) -> dict:
     return {"error": body}
 
 
+def _json_not_allowed(self) -> HttpResponse:
+    """405 in the error envelope (django-ninja answers plain text), with the Allow header."""
+    import json
+
+    allowed = sorted({m for op in self.operations for m in op.methods})
+    resp = HttpResponse(json.dumps(envelope("method_not_allowed", f"allowed methods: {', '.join(allowed)}")),
+                        status=405, content_type="application/json")
+    resp["Allow"] = ", ".join(allowed)
+    return resp
+
+
 def install_handlers(api: NinjaAPI) -> None:
+    from ninja.operation import PathView
+
+    PathView._not_allowed = _json_not_allowed  # the only NinjaAPI in this process is ours
     def respond(request: HttpRequest, status: int, code: str, message: str, details: Any = None) -> HttpResponse:
         return api.create_response(request, envelope(code, message, details), status=status)
 

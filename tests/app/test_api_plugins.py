@@ -342,3 +342,10 @@ def test_it_answers_unknown_api_paths_with_the_json_envelope(api):
         assert r.status_code == 404 and err(r) == "not_found"
     r = api("POST", "/plugins/x/frobnicate", prefix="/api/v1")
     assert r.status_code == 404 and err(r) == "not_found"
+
+
+def test_it_answers_a_wrong_method_with_405_in_the_envelope(api):
+    r = api("DELETE", "/plugins")
+    assert r.status_code == 405 and err(r) == "method_not_allowed" and r["Allow"] == "GET"
+    r = api("GET", "/context-engine/metrics/reset")
+    assert r.status_code == 405 and r["Allow"] == "POST"
