@@ -236,6 +236,11 @@ def test_it_installs_from_a_local_registry_with_either_key(api, home, tmp_path):
     assert r.status_code == 404
     r = api("POST", "/plugins/install", {"source": "registry", "name": "regp"})
     assert r.status_code == 400 and err(r) == "no_registry"
+    # the configured default registry ([plugins] registry in config.toml)
+    api("POST", "/plugins/uninstall", {"name": "regp"})
+    home.config_path.write_text(f'[plugins]\nregistry = "{reg}"\n')
+    r = api("POST", "/plugins/install", {"source": "registry", "name": "regp"})
+    assert r.status_code == 201, r.content
 
 
 def test_it_updates_untracked_plugins_with_409(api, home):
