@@ -188,6 +188,8 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
                 if summary is not None:
                     parts.append(render_to_string("plugins_app/partials/plugin_state.html",
                                                   {"plugin": summary, "oob": True}))
+                    parts.append(render_to_string("plugins_app/partials/toggle_form.html",
+                                                  {"plugin": summary, "oob": True}))
     else:
         parts.append(render_to_string("plugins_app/partials/engine_hook_rows.html",
                                       {"engine_hooks": dashboard.engine_hook_totals(), "oob": True}))

@@ -134,6 +134,7 @@ async def test_it_pushes_hook_rows_and_state_for_the_plugin_view_only(home, user
     assert '<tbody id="hook-rows" hx-swap-oob="outerHTML">' in html
     assert 'id="trace-rows" hx-swap-oob="outerHTML"' in html
     assert 'id="plugin-state" hx-swap-oob="outerHTML"' in html
+    assert 'id="toggle-form" hx-swap-oob="outerHTML"' in html
     await comm.disconnect()
 
 

@@ -92,6 +92,8 @@ def test_it_disables_enables_and_reloads_with_audit_entries(client, home, owner)
     html = resp.content.decode()
     assert 'data-ok="true"' in html and "disabled" in html
     assert 'id="plugin-state" hx-swap-oob="outerHTML"' in html
+    toggle = html.split('id="toggle-form"')[1].split("</form>")[0]
+    assert "/plugins/alpha/enable/" in toggle and ">Enable</button>" in toggle  # the button flips
     assert 'id="plugin-audit" hx-swap-oob="outerHTML"' in html and "plugin.disable" in html
     assert (home.plugin_dir("alpha") / ".disabled").exists()
     client.post("/plugins/alpha/enable/", HTTP_HX_REQUEST="true")
