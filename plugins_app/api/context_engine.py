@@ -48,6 +48,8 @@ def parse_body(request: HttpRequest) -> dict:
         data = json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "invalid_json", "The request body is nested too deeply.") from exc
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
     return data
