@@ -145,3 +145,15 @@ def test_it_installs_from_git_and_a_registry_then_updates_and_uninstalls(live, t
         assert status == 200 and body["removed"]
         assert name not in json.loads(lockfile.read_text())["plugins"]
         assert not (live.home / "plugins" / name).exists()
+
+
+def test_it_cli_test_hook_goes_through_a_live_worker(live):
+    import sys
+
+    make_plugin(live.home / "plugins", "clivia", {"ingest": PY_ECHO_INGEST})
+    r = subprocess.run([sys.executable, "-m", "librefang_site.cli", "plugin", "test-hook", "clivia", "ingest", "--json",
+                        "--input", '{"agent_id": "c", "message": "via cli"}'], env=live.env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["via"].startswith("via worker") and out["reply"]["memories"][0]["content"] == "echo: via cli"
