@@ -167,6 +167,9 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
     """The OOB fragments one metrics consumer sends for a batch of changes (sync: reads the database)."""
     parts: list[str] = []
     if view == "list":
+        if states:  # enabled/disabled/config changes move the serving chain shown in the page head
+            parts.append(render_to_string("plugins_app/partials/engine_summary.html",
+                                          {"chain": dashboard.plugin_selectors.active_chain(), "oob": True}))
         for name in sorted(pending):
             row = dashboard.plugin_row(name)
             what = states.get(name, "")

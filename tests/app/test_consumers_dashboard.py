@@ -174,6 +174,7 @@ async def test_it_adds_and_removes_plugin_rows_when_plugins_come_and_go(home, us
     html = await comm.receive_from(timeout=5)
     assert '<tbody hx-swap-oob="beforeend:#plugin-rows"><tr id="plugin-row-theta"' in html
     assert '<div id="plugins-empty" hx-swap-oob="delete">' in html
+    assert '<p id="engine-summary" class="muted" hx-swap-oob="outerHTML">' in html
     import shutil
 
     await sync_to_async(shutil.rmtree)(home.plugin_dir("theta"))
