@@ -21,6 +21,17 @@ from engine.runner import BLOCKED_ENV_VARS, network_isolation_available
 from tests.engine.helpers import pid_alive, run
 
 
+@pytest.fixture(params=["wrappers", "preexec"])
+def spawn_mode(request, monkeypatch):
+    """The sandbox is applied by exec wrappers (setpriv/prlimit/unshare, keeps vfork) or, where those are missing,
+    by the preexec function: both must behave the same. (Python hooks may also come from the warm-start zygote.)"""
+    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+    if request.param == "preexec":
+        monkeypatch.setattr("engine.runner._wrap", lambda *a, **k: None)
+        monkeypatch.setenv("LIBREFANG_SANDBOX_WRAPPERS", "0")
+    return request.param
+
+
 @pytest.fixture
 def pdir(tmp_path) -> Path:
     d = tmp_path / "plug"
@@ -81,7 +92,7 @@ def test_it_sends_one_json_line_then_closes_stdin(pdir):
     assert json.loads(r.reply["raw"]) == {"type": "ingest", "message": "héllo", "agent_id": "a1"}
 
 
-def test_it_clears_the_environment_and_sets_librefang_vars_in_order(pdir, monkeypatch):
+def test_it_clears_the_environment_and_sets_librefang_vars_in_order(spawn_mode, pdir, monkeypatch):
     monkeypatch.setenv("SERVICE_SECRET", "do-not-leak")
     monkeypatch.setenv("PYTHONIOENCODING", "utf-8")
     monkeypatch.setenv("ALLOWED_ONE", "from-service")
@@ -172,7 +183,7 @@ def test_it_kills_a_hook_that_never_exits(pdir):
     assert time.monotonic() - t < 10
 
 
-def test_it_kills_the_whole_process_group_on_timeout(pdir):
+def test_it_kills_the_whole_process_group_on_timeout(spawn_mode, pdir):
     src = """
     import subprocess, sys, time
     sys.stdin.read()
@@ -270,7 +281,7 @@ def test_it_streams_stderr_lines_while_the_hook_runs(pdir, tmp_path):
 
 # ---- resource limits ----
 
-def test_it_applies_max_memory_mb_as_a_real_rlimit(pdir):
+def test_it_applies_max_memory_mb_as_a_real_rlimit(spawn_mode, pdir):
     src = """
     import json, sys
     sys.stdin.read()
@@ -284,7 +295,7 @@ def test_it_applies_max_memory_mb_as_a_real_rlimit(pdir):
     assert run(pdir, src, max_memory_mb=1024).ok
 
 
-def test_it_applies_max_cpu_secs(pdir):
+def test_it_applies_max_cpu_secs(spawn_mode, pdir):
     r = run(pdir, "import sys\nsys.stdin.read()\nwhile True: pass", timeout=30, max_cpu_secs=1)
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.signal == signal.SIGXCPU
     assert r.failure.message.startswith("CPU time limit exceeded (max_cpu_secs=1)")
@@ -313,7 +324,7 @@ def listener():
     srv.close()
 
 
-def test_it_denies_network_when_allow_network_is_false(pdir, listener):
+def test_it_denies_network_when_allow_network_is_false(spawn_mode, pdir, listener):
     if not network_isolation_available():
         pytest.skip("this OS refuses unshare(CLONE_NEWNET) to the service (needs root or CAP_SYS_ADMIN)")
     r = run(pdir, CONNECT, {"port": listener}, allow_network=False)
@@ -329,7 +340,7 @@ def test_it_allows_network_when_allow_network_is_true(pdir, listener):
 
 # ---- the worker dies: its hooks die with it ----
 
-def test_it_kills_running_hooks_when_the_worker_is_sigkilled(pdir, tmp_path):
+def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, tmp_path):
     pidfile = tmp_path / "hook.pid"
     script = f"import os, sys, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
     (pdir / "hooks").mkdir()
