@@ -5,7 +5,37 @@ from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.errors import install_handlers
 
-api = NinjaAPI(
+ROLE_NOTES = {
+    "owner": "Role: **owner** (runs or changes plugin code).",
+    "admin": "Role: **admin** or owner.",
+    "viewer": "Role: **viewer**, admin or owner.",
+    "agent": "Role: **agent**, admin or owner.",
+}
+
+
+class Api(NinjaAPI):
+    """Adds each operation's required token role to its OpenAPI description (and as `x-required-role`)."""
+
+    def get_openapi_schema(self, *args, **kwargs):
+        schema = super().get_openapi_schema(*args, **kwargs)
+        roles = {}
+        for _prefix, router in self._routers:
+            for path_view in router.path_operations.values():
+                for op in path_view.operations:
+                    required = next((getattr(cb, "required", None) for cb in op.auth_callbacks), None)
+                    op_id = op.operation_id or self.get_openapi_operation_id(op)
+                    if required:
+                        roles[op_id] = str(required.value if hasattr(required, "value") else required)
+        for methods in schema.get("paths", {}).values():
+            for op in methods.values():
+                role = roles.get(op.get("operationId", ""))
+                if role in ROLE_NOTES:
+                    op["x-required-role"] = role
+                    op["description"] = (ROLE_NOTES[role] + "\n\n" + op.get("description", "")).strip()
+        return schema
+
+
+api = Api(
     title="LibreFang context-engine plugin platform",
     version="1.0.0",
     description="LibreFang-compatible plugin management and context-engine hook API. "

@@ -114,3 +114,18 @@ def test_it_protects_the_v1_mount_too(client, home, tokens, method, path, role, 
     assert call(client, method, path, body, prefix="/api/v1").status_code == 401
     r = call(client, method, path, body, token=tokens[role], prefix="/api/v1")
     assert r.status_code not in (401, 403, 500)
+
+
+def test_it_covers_every_documented_route_in_the_table():
+    """A new plugin or context-engine route cannot be added without its denial cases here."""
+    from plugins_app.api import api
+
+    schema = api.get_openapi_schema()
+    documented = {(m.upper(), p.removeprefix("/api")) for p, ops in schema["paths"].items() for m in ops
+                  if p.startswith(("/api/plugins", "/api/context-engine"))}
+    table = {(m, p.replace(NOPE, "{name}").replace("0123456789abcdef", "{trace_id}")) for m, p, _, _ in ROUTES}
+    assert documented == table
+    for path, ops in schema["paths"].items():
+        if path.startswith(("/api/plugins", "/api/context-engine")):
+            for op in ops.values():
+                assert op["x-required-role"] in ("owner", "admin", "viewer", "agent"), path
