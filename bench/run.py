@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -195,18 +196,27 @@ def phase_direct(home: Path, spawn: DirectSpawn, engine: EngineDirect, with_wasm
         engine.once("bench_py", True)
         if with_wasm:
             engine.once("bench_wasm", True)
+    cpu: dict[str, float] = dict.fromkeys(samples, 0.0)
+
+    def timed(key: str, fn) -> None:
+        before = own_cpu_ms()
+        samples[key].append(fn())
+        cpu[key] += own_cpu_ms() - before
+
     for _ in range(rounds):
-        samples["spawn"].append(spawn.once())
-        samples["engine_cold"].append(engine.once("bench_py", False))
-        samples["engine_cold_net"].append(engine.once("bench_py_net", False))
-        samples["engine_warm"].append(engine.once("bench_py", True))
+        timed("spawn", spawn.once)
+        timed("engine_cold", lambda: engine.once("bench_py", False))
+        timed("engine_cold_net", lambda: engine.once("bench_py_net", False))
+        timed("engine_warm", lambda: engine.once("bench_py", True))
         if with_wasm:
-            samples["wasm"].append(engine.once("bench_wasm", True))
+            timed("wasm", lambda: engine.once("bench_wasm", True))
     out = {k: summary(v) for k, v in samples.items() if v}
     base = out["spawn"]
     for k in out:
         out[k]["ratio_p50"] = ratio(out[k], base)
         out[k]["ratio_p95"] = ratio(out[k], base, "p95_ms")
+        out[k]["cpu_ms_per_call"] = round(cpu[k] / rounds, 3)
+        out[k]["cpu_ratio"] = round(cpu[k] / cpu["spawn"], 3) if cpu["spawn"] else None
     return out
 
 
@@ -217,11 +227,20 @@ def phase_rest(service: LiveService, spawn: DirectSpawn, label: str) -> dict:
     for _ in range(10):
         rest_once(client)
     base, rest = [], []
+    base_cpu = rest_cpu = 0.0
     for _ in range(rounds):
+        before = own_cpu_ms()
         base.append(spawn.once())
+        base_cpu += own_cpu_ms() - before
+        service_before = service_cpu_ms(service)
+        before = own_cpu_ms()
         rest.append(rest_once(client))
+        rest_cpu += own_cpu_ms() - before + service_cpu_ms(service) - service_before  # HTTP client + service
     b, r = summary(base), summary(rest)
     r.update(ratio_p50=ratio(r, b), ratio_p95=ratio(r, b, "p95_ms"), ratio_p99=ratio(r, b, "p99_ms"))
+    b["cpu_ms_per_call"] = round(base_cpu / rounds, 3)
+    r["cpu_ms_per_call"] = round(rest_cpu / rounds, 3)  # web + worker + hook (+ zygote) + client
+    r["cpu_ratio"] = round(rest_cpu / base_cpu, 3) if base_cpu else None
     return {"spawn": b, "rest": r}
 
 
@@ -409,6 +428,29 @@ def phase_stderr(service: LiveService) -> dict:
         collector.close()
 
 
+def proc_cpu_ms(pid: int, children: bool = True) -> float:
+    """utime+stime of a process (and of its reaped children), from /proc: robust to other load on the machine."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(f[11]) + int(f[12]) + ((int(f[13]) + int(f[14])) if children else 0)
+    return ticks * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_ms() -> float:
+    """CPU of this process, its reaped children (direct spawns, cold hooks) and our zygotes' children (warm hooks)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000
+    return total + sum(proc_cpu_ms(z) for z in warmstart.zygote_pids())
+
+
+def service_cpu_ms(service: LiveService) -> float:
+    pids = [service.web.pid] + [w.pid for w in service.workers]
+    zygotes = [z for w in service.workers for z in zygotes_of(w.pid)]
+    return sum(proc_cpu_ms(p) for p in pids + zygotes)
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -517,12 +559,14 @@ def restart_worker(service: LiveService, warm: bool) -> None:
 
 
 def table(results: dict) -> str:
-    rows = [("figure", "p50 ms", "p95 ms", "p99 ms", "ratio p50", "target")]
+    rows = [("figure", "p50 ms", "p95 ms", "p99 ms", "ratio p50", "target", "cpu ms", "cpu ratio")]
     d = results["direct"]
 
     def row(name, s, target=""):
+        cpu_ratio = s.get("cpu_ratio")
         rows.append((name, f"{s['p50_ms']:.2f}", f"{s['p95_ms']:.2f}", f"{s.get('p99_ms', 0):.2f}",
-                     f"{s.get('ratio_p50', float('nan')):.3f}", target))
+                     f"{s.get('ratio_p50', float('nan')):.3f}", target, f"{s.get('cpu_ms_per_call', 0):.2f}",
+                     f"{cpu_ratio:.3f}" if cpu_ratio is not None else ""))
 
     row("direct spawn (baseline)", d["spawn"])
     row("engine invoke, cold spawn", d["engine_cold"], "<= 1.05")
@@ -533,9 +577,10 @@ def table(results: dict) -> str:
     for label in ("warm", "cold"):
         r = results["rest"][label]
         rows.append((f"direct spawn (baseline, REST {label} run)", f"{r['spawn']['p50_ms']:.2f}",
-                     f"{r['spawn']['p95_ms']:.2f}", f"{r['spawn']['p99_ms']:.2f}", "1.000", ""))
+                     f"{r['spawn']['p95_ms']:.2f}", f"{r['spawn']['p99_ms']:.2f}", "1.000", "",
+                     f"{r['spawn']['cpu_ms_per_call']:.2f}", "1.000"))
         row(f"REST path, worker {label}", r["rest"], "<= 1.15")
-    out = [" | ".join(f"{c:<38}" if i == 0 else f"{c:>9}" for i, c in enumerate(r)) for r in rows]
+    out = [" | ".join(f"{c:<40}" if i == 0 else f"{c:>9}" for i, c in enumerate(r)) for r in rows]
     out.append("")
     out.append("throughput (calls/s)      agents |   direct |  REST warm (ratio) |  REST cold (ratio)   target >= 0.9")
     for agents in (1, 4, 16):
