@@ -206,7 +206,53 @@ _input=$(cat)
 printf '%s\\n' '{reply}'
 '''
 
-_TEXT_RUNTIMES = ("python", "node", "ruby", "php", "bash", "lua", "native")
+_DENO_DEFAULT = '''// {hook}: the JSON request arrives on stdin; print one JSON line.
+const input = await new Response(Deno.stdin.readable).text();
+const req = JSON.parse(input || "{{}}");
+console.error(`{name} {hook}: ${{Object.keys(req).length}} request fields`);
+console.log(JSON.stringify({reply}));
+'''
+
+_BUN_DEFAULT = '''// {hook}: the JSON request arrives on stdin; print one JSON line.
+const input = await Bun.stdin.text();
+const req = JSON.parse(input || "{{}}");
+console.error(`{name} {hook}: ${{Object.keys(req).length}} request fields`);
+console.log(JSON.stringify({reply}));
+'''
+
+_GO_DEFAULT = '''// {hook}: the JSON request arrives on stdin; print one JSON line. Run with `go run`.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {{
+	data, _ := io.ReadAll(os.Stdin)
+	var req map[string]interface{{}}
+	if err := json.Unmarshal(data, &req); err != nil && len(data) > 0 {{
+		fmt.Fprintln(os.Stderr, "invalid request:", err)
+		os.Exit(1)
+	}}
+	fmt.Fprintf(os.Stderr, "{name} {hook}: %d request fields\\n", len(req))
+	fmt.Println(`{reply}`)
+}}
+'''
+
+_V_DEFAULT = '''// {hook}: the JSON request arrives on stdin; print one JSON line (use the json module for real parsing).
+import os
+
+fn main() {{
+	input := os.get_raw_lines_joined()
+	eprintln('{name} {hook}: ${{input.len}} bytes of request')
+	println('{reply}')
+}}
+'''
+
+_TEXT_RUNTIMES = ("python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v")
 
 
 def _render(runtime: str, hook: str, name: str) -> str:
@@ -227,6 +273,12 @@ def _render(runtime: str, hook: str, name: str) -> str:
         return _BASH_DEFAULT.format(hook=hook, reply=reply, name=name)
     if runtime == "lua":
         return _LUA_DEFAULT.format(hook=hook, reply=reply, name=name)
+    if runtime in ("deno", "bun"):
+        return (_DENO_DEFAULT if runtime == "deno" else _BUN_DEFAULT).format(hook=hook, reply=reply, name=name)
+    if runtime == "go":
+        return _GO_DEFAULT.format(hook=hook, reply=reply, name=name)
+    if runtime == "v":
+        return _V_DEFAULT.format(hook=hook, reply=reply, name=name)
     return _NATIVE_DEFAULT.format(hook=hook, reply=reply)
 
 

@@ -13,7 +13,7 @@ from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request
 from plugins_app.services.plugins import PluginError, scaffold_plugin
 
-TEXT_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native"]
+TEXT_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v"]
 EXPECTED_TYPE = {H.INGEST: "ingest_result", H.ASSEMBLE: "assemble_result", H.COMPACT: "compact_result",
                  H.TRANSFORM_TOOL_RESULT: None}
 
@@ -89,6 +89,14 @@ def test_it_refuses_an_existing_plugin(home):
         scaffold_plugin("twice", "other", "python", None, actor="test")
     assert exc.value.status == 409 and exc.value.code == "already_exists"
     assert (home.plugin_dir("twice") / "plugin.toml").read_text() == before
+
+
+@pytest.mark.parametrize("runtime", TEXT_RUNTIMES)
+def test_it_has_a_template_for_every_runtime_with_runtime_inside_hooks(runtime):
+    p = plan("every", 'quote " and \\ backslash', runtime, list(H.ALL_HOOKS))
+    raw = tomllib.loads(p.files["plugin.toml"].decode())
+    assert raw["hooks"]["runtime"] == runtime and "runtime" not in raw
+    assert all(p.files[raw["hooks"][h]] for h in H.ALL_HOOKS)
 
 
 def test_it_rejects_control_characters_in_description():
