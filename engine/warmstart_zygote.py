@@ -336,7 +336,10 @@ def _main():
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spec, stdio = _serve(ctl)
-    _setup_child(spec, stdio, zygote_pid, libc, extras_top)
+    try:
+        _setup_child(spec, stdio, zygote_pid, libc, extras_top)
+    except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
+        _die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
     return spec
 
 

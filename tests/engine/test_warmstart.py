@@ -295,3 +295,20 @@ def test_it_keeps_zygote_stdio_out_of_the_hook(tmp_path, monkeypatch):
     assert result.ok
     assert result.reply["fds"] == [0, 1, 2, 3]  # 3: the directory listing itself
     json.dumps(result.reply)
+
+
+def test_it_falls_back_to_a_spawn_when_pythonpath_shadows_a_preloaded_module(tmp_path, monkeypatch):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "json.py").write_text("SHADOW = True\ndef loads(s):\n    return {}\ndef dumps(o):\n    return '{\"shadow\": true}'\n")
+    pdir = _plugin(tmp_path, """
+        import json, os, sys
+        sys.stdin.read()
+        print(json.dumps({}))
+        print("ppid", os.getppid(), file=sys.stderr)
+    """)
+    result = _run(_call(pdir, plugin_env={"PYTHONPATH": str(shadow)}), True, monkeypatch)
+    assert result.ok, result.failure
+    assert result.reply == {"shadow": True}  # the module a fresh interpreter imports, not the zygote's stdlib json
+    assert result.stderr.strip() == f"ppid {os.getpid()}"  # the zygote refused to start: spawned normally
+    assert warmstart.zygote_pids() == []
