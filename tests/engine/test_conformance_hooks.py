@@ -443,3 +443,22 @@ def test_reload_takes_effect_on_the_next_call_and_drops_cached_replies(engine, e
     toml.write_text(toml.read_text().replace('runtime = "python"', 'runtime = "bash"'))
     reply = engine.handle("ingest", {"message": "m"})  # now run by bash: a python script fails there
     assert reply.source == "default" and "live: script_error" in reply.fallback_reason
+
+
+def test_the_default_engine_answers_every_hook_when_nothing_is_configured(engine, sinks):
+    assert engine.chain() == []
+    assert engine.handle("after_turn", {"agent_id": "a", "messages": MSGS}).to_dict() == {
+        "type": "ok", "memories_stored": 0, "source": "default"}
+    for hook in ("bootstrap", "prepare_subagent", "merge_subagent", "on_event"):
+        assert engine.handle(hook, {}).to_dict() == {"type": "ok", "source": "default"}, hook
+    assert engine.handle("transform_tool_result", {"content": "c"}).result == {
+        "type": "unchanged", "content": "c", "result": "c"}
+    assert sinks["invocations"].items == []
+
+
+def test_transform_agent_filter_skips_the_hook(engine, ehome, sinks):
+    single(ehome, "only-ops", {"transform_tool_result": recorder("transform_tool_result", '{"content": "X"}')},
+           toml_extra='only_for_agent_ids = ["ops"]')
+    assert engine.handle("transform_tool_result", {"agent_id": "dev-1", "content": "c"}).result["content"] == "c"
+    assert sinks["invocations"].items == []
+    assert engine.handle("transform_tool_result", {"agent_id": "ops-1", "content": "c"}).result["content"] == "X"
