@@ -118,6 +118,14 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
     config_file = write_config_file(plugin, home)
     if config_file:
         extra_env["LIBREFANG_PLUGIN_CONFIG"] = str(config_file)
+    for secret in settings.allowed_secrets:
+        # No credential vault here: the service's own environment holds LIBREFANG_SECRET_<NAME>. Values are never
+        # logged; a missing one only warns (LibreFang).
+        var = "LIBREFANG_SECRET_" + re.sub(r"[^A-Za-z0-9_]", "_", secret).upper()
+        if var in os.environ:
+            extra_env[var] = os.environ[var]
+        elif warnings is not None:
+            warnings.append(f"allowed_secrets: {var} is not set in the service environment")
     return HookCall(
         plugin_dir=entry.dir,
         script=script,

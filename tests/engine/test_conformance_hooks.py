@@ -462,3 +462,20 @@ def test_transform_agent_filter_skips_the_hook(engine, ehome, sinks):
     assert engine.handle("transform_tool_result", {"agent_id": "dev-1", "content": "c"}).result["content"] == "c"
     assert sinks["invocations"].items == []
     assert engine.handle("transform_tool_result", {"agent_id": "ops-1", "content": "c"}).result["content"] == "X"
+
+
+def test_allowed_secrets_come_from_the_service_environment_and_missing_ones_warn(engine, ehome, sinks, monkeypatch):
+    monkeypatch.setenv("LIBREFANG_SECRET_API_TOKEN", "s3cret")
+    monkeypatch.delenv("LIBREFANG_SECRET_MISSING", raising=False)
+    monkeypatch.setenv("LIBREFANG_SECRET_NOT_ALLOWED", "x")
+    src = """
+    import json, os, sys
+    sys.stdin.read()
+    print(json.dumps({"memories": [{"content": json.dumps(sorted(k for k in os.environ if "SECRET" in k))},
+                                   {"content": os.environ.get("LIBREFANG_SECRET_API_TOKEN", "-")}]}))
+    """
+    single(ehome, "sec", {"ingest": src}, toml_extra='allowed_secrets = ["api_token", "missing"]')
+    reply = engine.handle("ingest", {"message": "x"})
+    assert [m["content"] for m in reply.result["memories"]] == ['["LIBREFANG_SECRET_API_TOKEN"]', "s3cret"]
+    assert sinks["invocations"].items[-1].annotations == {
+        "warnings": ["allowed_secrets: LIBREFANG_SECRET_MISSING is not set in the service environment"]}
