@@ -129,7 +129,9 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            # channels_redis blocks 5 s in BZPOPMIN; redis-py 8's default 5 s socket timeout would race it and
+            # kill consumers with "Timeout reading from …", so reads get a longer timeout.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
             "prefix": f"{LIBREFANG_REDIS_PREFIX}:asgi",
             "capacity": 2000,
             "expiry": 30,

@@ -43,6 +43,10 @@ def heartbeat_key(worker: str) -> str:
     return _key("engine", "worker", worker)
 
 
+# redis-py 8 defaults to a 5 s socket timeout, which cuts blocking reads (BLPOP until a hook's deadline,
+# XREADGROUP BLOCK) short; blocking calls here carry their own timeouts, so reads may wait.
+CLIENT_OPTIONS = {"decode_responses": True, "socket_timeout": None, "socket_connect_timeout": 5,
+                  "socket_keepalive": True, "health_check_interval": 30}
 _sync_pool: redis.ConnectionPool | None = None
 _async_clients: dict[int, aredis.Redis] = {}
 
@@ -50,7 +54,7 @@ _async_clients: dict[int, aredis.Redis] = {}
 def client() -> redis.Redis:
     global _sync_pool
     if _sync_pool is None:
-        _sync_pool = redis.ConnectionPool.from_url(settings.REDIS_URL, decode_responses=True)
+        _sync_pool = redis.ConnectionPool.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
     return redis.Redis(connection_pool=_sync_pool)
 
 
@@ -59,7 +63,7 @@ def aclient() -> aredis.Redis:
     loop = asyncio.get_running_loop()
     cl = _async_clients.get(id(loop))
     if cl is None:
-        cl = aredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        cl = aredis.Redis.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
         _async_clients[id(loop)] = cl
     return cl
 
