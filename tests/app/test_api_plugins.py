@@ -354,3 +354,19 @@ def test_it_answers_a_wrong_method_with_405_in_the_envelope(api):
     assert r.status_code == 405 and err(r) == "method_not_allowed" and r["Allow"] == "GET"
     r = api("GET", "/context-engine/metrics/reset")
     assert r.status_code == 405 and r["Allow"] == "POST"
+
+
+def test_it_installs_from_a_git_registry_at_a_ref(api, home, tmp_path):
+    reg = tmp_path / "gitreg"
+    make_plugin(reg / "plugins", "inreg", {"ingest": PY_ECHO_INGEST})
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=reg, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=reg, check=True)
+    subprocess.run([*git, "commit", "-qm", "r1"], cwd=reg, check=True)
+    subprocess.run([*git, "tag", "v1"], cwd=reg, check=True)
+    r = api("POST", "/plugins/install", {"source": "registry", "name": "inreg", "registry": f"file://{reg}",
+                                         "ref": "v1"})
+    assert r.status_code == 201, r.content
+    lock = json.loads(home.lockfile.read_text())["plugins"]["inreg"]
+    assert lock["source"]["kind"] == "registry" and lock["provenance"]["registry_url"] == f"file://{reg}"
+    assert len(lock["provenance"]["commit"]) == 40
