@@ -309,3 +309,21 @@ class MetricsSummaryOut(Open):
 
 class ResetOut(Open):
     reset: bool
+
+
+class PluginStatusOut(Open):
+    name: str
+    version: str
+    hooks_valid: bool
+    enabled: bool
+    active: bool
+    active_as_single: bool
+    stack_position: int | None
+
+
+class PluginHealthOut(Open):
+    plugin: str
+    status: Literal["loaded", "disabled"]
+    active: bool
+    hook_stats: dict[str, dict[str, Any]]
+    recent_traces: list[dict[str, Any]]

@@ -170,6 +170,15 @@ def traces(request, filters: Query[TraceFilters]):
                           "filters": filters.model_dump(exclude={"limit"})})
 
 
+@router.get("/traces/history", auth=VIEWER, response={200: TraceListOut, **E}, operation_id="traces_history")
+def traces_history(request, filters: Query[TraceFilters]):
+    """LibreFang's history shape: the same filtered list (from the database) with `total`, `limit` and `source`."""
+    items = trace_selectors.list_traces(filters.plugin, filters.hook, filters.agent, filters.failures_only,
+                                        filters.limit)
+    return json_response({"traces": items, "count": len(items), "total": len(items), "limit": filters.limit,
+                          "source": "database", "filters": filters.model_dump(exclude={"limit"})})
+
+
 @router.get("/traces/{trace_id}", auth=VIEWER, response={200: TraceOut, **E}, operation_id="traces_get")
 def trace(request, trace_id: str = Path(..., pattern="^[0-9a-f]{16}$", description="16 lowercase hex characters")):
     try:

@@ -23,8 +23,10 @@ from plugins_app.schemas import (
     InstallOut,
     LintOut,
     NameIn,
+    PluginHealthOut,
     PluginListOut,
     PluginOut,
+    PluginStatusOut,
     ReloadOut,
     ScaffoldIn,
     ScaffoldOut,
@@ -34,6 +36,7 @@ from plugins_app.schemas import (
     UpdateIn,
     UpdateOut,
 )
+from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.services import hooks as hook_service
@@ -129,6 +132,52 @@ def get_plugin(request, name: str = PluginPath):
                     hook_timeout_secs=m.hooks.hook_timeout_secs, on_hook_failure=m.hooks.on_hook_failure,
                     env_keys=sorted(m.env))
     return json_response(data)
+
+
+@router.get("/{name}/status", auth=VIEWER, response={200: PluginStatusOut, **E}, operation_id="plugins_status")
+def status(request, name: str = PluginPath):
+    """LibreFang's status shape: version, validity, enabled, and where the plugin sits in the active chain."""
+    summary = _plugin_or_404(name, request)
+    cfg = config_selectors.engine_config()
+    chain = cfg["chain"]
+    return json_response({
+        "name": name, "version": summary.version, "description": summary.description,
+        "hooks_valid": summary.hooks_valid, "valid": summary.valid, "path": summary.path,
+        "size_bytes": _size(summary.path), "enabled": summary.enabled,
+        "active": name in cfg["serving"], "active_as_single": cfg["mode"] == "single" and chain == [name],
+        "stack_position": chain.index(name) if name in chain else None,
+    })
+
+
+@router.get("/{name}/health", auth=VIEWER, response={200: PluginHealthOut, **E}, operation_id="plugins_health")
+def health(request, name: str = PluginPath):
+    """Loaded or disabled, per-hook stats from the persisted metrics, and the plugin's recent traces."""
+    summary = _plugin_or_404(name, request)
+    from plugins_app.selectors.metrics import metrics_by_plugin
+    from plugins_app.selectors.traces import list_traces
+
+    stats = metrics_by_plugin(name)["plugins"].get(name, {})
+    hook_stats = {h: {"calls": m["calls"], "errors": m["failures"],
+                      "error_rate_pct": round(100.0 * m["failures"] / m["calls"], 2) if m["calls"] else 0.0,
+                      "avg_elapsed_ms": m["avg_ms"] or 0.0} for h, m in stats.items()}
+    return json_response({
+        "plugin": name, "status": "loaded" if summary.enabled else "disabled", "valid": summary.valid,
+        "active": name in config_selectors.engine_config()["serving"], "version": summary.version,
+        "hooks_valid": summary.hooks_valid, "hook_stats": hook_stats, "recent_traces": list_traces(plugin=name, limit=10),
+    })
+
+
+def _size(path: str) -> int:
+    import os
+
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
 
 
 @router.get("/{name}/lint", auth=VIEWER, response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")

@@ -370,3 +370,20 @@ def test_it_installs_from_a_git_registry_at_a_ref(api, home, tmp_path):
     lock = json.loads(home.lockfile.read_text())["plugins"]["inreg"]
     assert lock["source"]["kind"] == "registry" and lock["provenance"]["registry_url"] == f"file://{reg}"
     assert len(lock["provenance"]["commit"]) == 40
+
+
+def test_it_reports_status_and_health_in_librefang_shapes(api, home):
+    make_plugin(home.plugins_dir, "st", {"ingest": PY_ECHO_INGEST})
+    make_plugin(home.plugins_dir, "st2", {"ingest": PY_ECHO_INGEST})
+    write_config(home.root, stack=["st2", "st"])
+    body = api("GET", "/plugins/st/status").json()
+    assert body["active"] and body["stack_position"] == 1 and not body["active_as_single"] and body["size_bytes"] > 0
+    HookMetric.objects.create(plugin="st", hook="ingest", calls=2, successes=1, failures=1, latency_ms_total=10)
+    body = api("GET", "/plugins/st/health").json()
+    assert body["status"] == "loaded" and body["hook_stats"]["ingest"]["error_rate_pct"] == 50.0
+    api("POST", "/plugins/st/disable")
+    assert api("GET", "/plugins/st/health").json()["status"] == "disabled"
+    assert api("GET", "/plugins/st/status").json()["active"] is False
+    assert api("GET", "/plugins/none/status").status_code == 404
+    r = api("GET", "/context-engine/traces/history?limit=10&plugin=st")
+    assert r.status_code == 200 and r.json()["limit"] == 10 and r.json()["filters"]["plugin"] == "st"
