@@ -211,6 +211,23 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait(timeout=2)
 
+    def retire(self) -> None:
+        """Stop taking calls; the zygote exits once its running hooks are done (they are not killed)."""
+        self.broken = True
+        try:
+            with self.lock:
+                if self.ctl is not None:
+                    self.ctl.send(_HEADER.pack(0))
+        except OSError:
+            pass
+        threading.Thread(target=self._close_when_done, name="zygote-retire", daemon=True).start()
+
+    def _close_when_done(self) -> None:
+        # The control socket stays open until the zygote has exited: its EOF means "the worker died, stop now".
+        if self.proc is not None:
+            self.proc.wait()
+        self.stop()
+
     def fork(self, script: str, cwd: str, env: Mapping[str, str], mem: int | None, cpu: int | None,
              new_netns: bool = False) -> WarmProcess | None:
         spec = json.dumps({"script": script, "cwd": cwd, "env": dict(env), "mem": mem, "cpu": cpu,
@@ -313,7 +330,7 @@ def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
             while len(_zygotes) > MAX_ZYGOTES:
                 evicted.append(_zygotes.popitem(last=False)[1])
     for old in evicted:
-        old.stop()
+        old.retire()
     return z
 
 

@@ -77,6 +77,7 @@ def _serve(ctl):
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> (pid, reply socket)
+    draining = False
     while True:
         for key, _ in sel.select():
             if key.data is None:
@@ -93,6 +94,10 @@ def _serve(ctl):
                 if len(fds) != 4:
                     for fd in fds:
                         os.close(fd)
+                    if not fds and _HEADER.unpack(msg)[0] == 0:  # retired: finish the running hooks, then exit
+                        draining = True
+                        if not children:
+                            os._exit(0)
                     continue
                 reply = socket.socket(fileno=fds[0])
                 stdio = list(fds[1:])
@@ -128,6 +133,8 @@ def _serve(ctl):
                 _, status = os.waitpid(pid, 0)
                 _send(reply, {"rc": os.waitstatus_to_exitcode(status)})
                 reply.close()
+                if draining and not children:
+                    os._exit(0)
 
 
 def _die(message, code):

@@ -312,3 +312,34 @@ def test_it_falls_back_to_a_spawn_when_pythonpath_shadows_a_preloaded_module(tmp
     assert result.reply == {"shadow": True}  # the module a fresh interpreter imports, not the zygote's stdlib json
     assert result.stderr.strip() == f"ppid {os.getpid()}"  # the zygote refused to start: spawned normally
     assert warmstart.zygote_pids() == []
+
+
+def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmstart, "MAX_ZYGOTES", 1)
+    pdir = _plugin(tmp_path, """
+        import json, os, sys, time
+        req = json.loads(sys.stdin.read())
+        time.sleep(req.get("sleep", 0))
+        print(json.dumps({"ppid": os.getppid()}))
+    """)
+    import threading
+
+    slow: list = []
+    runner_thread = threading.Thread(target=lambda: slow.append(
+        _run(_call(pdir, request={"sleep": 2}), True, monkeypatch)))
+    runner_thread.start()
+    end = time.monotonic() + 20
+    while time.monotonic() < end and not warmstart.zygote_pids():
+        time.sleep(0.01)
+    [first] = warmstart.zygote_pids()
+    time.sleep(0.3)  # the slow hook is running in a child of `first`
+    other = _run(_call(pdir, request={}, plugin_env={"TZ": "Pacific/Kiritimati"}), True, monkeypatch)
+    assert other.ok and other.reply["ppid"] != first
+    assert warmstart.zygote_pids() == [other.reply["ppid"]]  # `first` was evicted ...
+    runner_thread.join(30)
+    assert slow[0].ok, slow[0].failure  # ... but its running hook finished normally
+    assert slow[0].reply == {"ppid": first}
+    end = time.monotonic() + 10
+    while time.monotonic() < end and _alive(first):
+        time.sleep(0.05)
+    assert not _alive(first)  # and then it exited
