@@ -39,6 +39,7 @@ from plugins_app.schemas import (
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
+from plugins_app.services import audit
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services.engine import get_engine
@@ -260,4 +261,7 @@ async def test_hook(request, body: TestHookIn, name: str = PluginPath):
     out = {"plugin": name, "hook": body.hook, "ok": bool(reply.get("ok")), "success": bool(reply.get("ok")),
            "reply": reply.get("reply"), "error": reply.get("error"), "stderr": reply.get("stderr") or "",
            "elapsed_ms": reply.get("elapsed_ms"), "trace_id": reply.get("trace_id")}
+    await sync_to_async(audit.record)(actor(request), "plugin.test_hook", name, ok=out["ok"],
+                                      details={"hook": body.hook, "trace_id": out["trace_id"],
+                                               "error": (out["error"] or {}).get("kind")})
     return json_response(out)

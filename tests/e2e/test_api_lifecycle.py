@@ -83,6 +83,9 @@ def test_it_test_hooks_through_the_worker_and_records_a_trace(live):
             break
         time.sleep(0.2)
     assert status == 200 and trace["plugin"] == "probe" and trace["success"]
+    rows = live.manage("shell", "-c", "from plugins_app.models import AuditEntry as A; "
+                       "print(A.objects.filter(action='plugin.test_hook', target='probe').count())").stdout
+    assert int(rows.strip().splitlines()[-1]) >= 1
 
     crash = make_plugin(live.home / "plugins", "crasher", {"ingest": "import sys\nprint('bad', file=sys.stderr)\nsys.exit(7)\n"})
     assert crash.exists()
