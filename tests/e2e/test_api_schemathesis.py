@@ -50,6 +50,7 @@ def test_it_answers_every_operation_within_its_schema(fuzz_service):
         try:
             fuzz()
         except (Exception, BaseExceptionGroup) as exc:  # collect every operation's failure, then report them together
-            failures.append(f"{operation.label}: {type(exc).__name__}: {str(exc)[:1500]}")
+            inner = "\n".join(str(e)[:1500] for e in getattr(exc, "exceptions", ()))
+            failures.append(f"{operation.label}: {type(exc).__name__}: {str(exc)[:1500]}\n{inner}")
     assert operations >= 30
     assert not failures, "\n\n".join(failures)
