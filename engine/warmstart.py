@@ -19,6 +19,7 @@ import array
 import atexit
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -121,8 +122,9 @@ class WarmProcess:
     def _read(self, timeout: float | None) -> None:
         if self._reply is None:
             return
-        ready, _, _ = select.select([self._reply], [], [], timeout)
-        if not ready:
+        poller = select.poll()  # not select(): a busy worker may hold fds above FD_SETSIZE
+        poller.register(self._reply, select.POLLIN)
+        if not poller.poll(None if timeout is None else math.ceil(max(0.0, timeout) * 1000)):
             return
         try:
             chunk = self._reply.recv(4096)
