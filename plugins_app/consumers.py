@@ -154,8 +154,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         pending, self.pending = self.pending, {}
         states, self.state_changed = self.state_changed, {}
         try:
-            html = await sync_to_async(render_metrics_fragments)(self.view, pending, states)
-            if html.strip():
+            for html in await sync_to_async(render_metrics_fragments)(self.view, pending, states):
                 await self.send(text_data=html)
         except Exception:  # a failed render must not end live updates for this browser
             log.exception("rendering metrics fragments for view %s failed", self.view)
@@ -163,12 +162,18 @@ class MetricsConsumer(AsyncWebsocketConsumer):
             self._schedule()
 
 
-def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: dict[str, str]) -> str:
-    """The OOB fragments one metrics consumer sends for a batch of changes (sync: reads the database)."""
-    parts: list[str] = []
+def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: dict[str, str]) -> list[str]:
+    """The OOB fragments one metrics consumer sends for a batch of changes (sync: reads the database).
+
+    Table fragments (tbody/tr) and the rest go out as separate messages: htmx parses one message in one context, and
+    a <form> parsed in table context loses its children (the HTML parser closes it at once), while <tr> parsed in
+    body context is dropped.
+    """
+    parts: list[str] = []  # table rows
+    other: list[str] = []  # everything else
     if view == "list":
         if states:  # enabled/disabled/config changes move the serving chain shown in the page head
-            parts.append(render_to_string("plugins_app/partials/engine_summary.html",
+            other.append(render_to_string("plugins_app/partials/engine_summary.html",
                                           {"chain": dashboard.plugin_selectors.active_chain(), "oob": True}))
         for name in sorted(pending):
             row = dashboard.plugin_row(name)
@@ -177,6 +182,7 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
                 parts.append(f'<tr id="plugin-row-{_safe_id(name)}" hx-swap-oob="delete"></tr>')
             elif what in ("created", "installed", "scaffolded"):
                 parts.append(render_to_string("plugins_app/partials/plugin_row_new.html", {"row": row}))
+                other.append('<div id="plugins-empty" hx-swap-oob="delete"></div>')
             else:
                 parts.append(render_to_string("plugins_app/partials/plugin_row.html", {"row": row, "oob": True}))
     elif view == "plugin":
@@ -189,17 +195,17 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
             if name in states:
                 summary = dashboard.plugin_selectors.get_plugin(name)
                 if summary is not None:
-                    parts.append(render_to_string("plugins_app/partials/plugin_state.html",
+                    other.append(render_to_string("plugins_app/partials/plugin_state.html",
                                                   {"plugin": summary, "oob": True}))
-                    parts.append(render_to_string("plugins_app/partials/toggle_form.html",
+                    other.append(render_to_string("plugins_app/partials/toggle_form.html",
                                                   {"plugin": summary, "oob": True}))
     else:
         parts.append(render_to_string("plugins_app/partials/engine_hook_rows.html",
                                       {"engine_hooks": dashboard.engine_hook_totals(), "oob": True}))
         if states:
-            parts.append(render_to_string("plugins_app/partials/engine_chain.html",
+            other.append(render_to_string("plugins_app/partials/engine_chain.html",
                                           {"engine": dashboard.engine_state(), "oob": True}))
-    return "\n".join(parts)
+    return [msg for msg in ("\n".join(parts), "\n".join(other)) if msg.strip()]
 
 
 def _safe_id(name: str) -> str:
