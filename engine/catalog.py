@@ -1,7 +1,8 @@
 """The installed plugins under $LIBREFANG_HOME/plugins, parsed once per change of their plugin.toml.
 
 If plugin.toml changes on disk and no longer parses, the last good configuration keeps serving (and the problem
-is reported), as LibreFang's reload promises.
+is reported), as LibreFang's reload promises. The last good plugin.toml is also kept on disk (in the plugin's data
+dir), so a worker started after a bad edit serves the previous configuration too.
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ from pathlib import Path
 from engine import findings as F
 from engine.findings import Finding
 from engine.home import Home
-from engine.manifest import NAME_RE, LoadedPlugin, ManifestError, fingerprint, load_plugin
+from engine.manifest import (
+    NAME_RE,
+    LoadedPlugin,
+    ManifestError,
+    directory_findings,
+    fingerprint,
+    load_plugin,
+    manifest_path,
+    parse_manifest_text,
+    verify_integrity,
+)
 
 DISABLED_MARKER = ".disabled"
+LAST_GOOD_FILE = "last_good_plugin.toml"
 
 
 @dataclass
@@ -63,7 +75,7 @@ class Catalog:
         try:
             loaded = load_plugin(pdir)
         except ManifestError as exc:
-            stale = good
+            stale = good or self._restore_last_good(name, pdir)
             if stale is not None:
                 note = F.warning("manifest.stale", "plugin.toml on disk is invalid; the previous configuration keeps "
                                  "serving", "Fix plugin.toml and reload.")
@@ -71,6 +83,7 @@ class Catalog:
             return CatalogEntry(name, pdir, None, exc.findings)
         with self._lock:
             self._good[name] = loaded
+        self._save_last_good(name, pdir)
         return CatalogEntry(name, pdir, loaded, [])
 
     def validate(self, name: str) -> LoadedPlugin:
@@ -80,7 +93,38 @@ class Catalog:
         loaded = load_plugin(self.home.plugin_dir(name))
         with self._lock:
             self._good[name] = loaded
+        self._save_last_good(name, self.home.plugin_dir(name))
         return loaded
+
+    def _save_last_good(self, name: str, pdir: Path) -> None:
+        """Keep a copy of plugin.toml as it was when it loaded (re-parsed, in case it changed meanwhile)."""
+        try:
+            text = manifest_path(pdir).read_text(encoding="utf-8")
+            parse_manifest_text(text, expected_name=name)
+            target = self.home.data_dir(name) / LAST_GOOD_FILE
+            if target.exists() and target.read_text(encoding="utf-8") == text:
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(target)
+        except (OSError, UnicodeDecodeError, ManifestError):
+            pass
+
+    def _restore_last_good(self, name: str, pdir: Path) -> LoadedPlugin | None:
+        """The saved last good configuration, if it still fits the directory (hooks present, integrity intact)."""
+        try:
+            text = (self.home.data_dir(name) / LAST_GOOD_FILE).read_text(encoding="utf-8")
+            manifest, found = parse_manifest_text(text, expected_name=name)
+        except (OSError, UnicodeDecodeError, ManifestError):
+            return None
+        found = [*found, *directory_findings(pdir, manifest), *verify_integrity(pdir, manifest)]
+        if F.has_errors(found):
+            return None
+        restored = LoadedPlugin(pdir, manifest, found, ("last_good",))
+        with self._lock:
+            self._good.setdefault(name, restored)
+        return restored
 
     def forget(self, name: str) -> None:
         with self._lock:

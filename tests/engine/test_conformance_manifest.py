@@ -314,3 +314,17 @@ def test_install_requirements_result_unpacks_and_serialises(engine, ehome, tmp_p
     (pdir / "requirements.txt").write_text("definitely-not-a-real-package-xyz==1.0\n")
     failed = install_requirements(pdir, ehome.data_dir("deps2"), 0.05).to_dict()
     assert failed["ok"] is False and failed["error"] == "timed out after 0.05s"
+
+
+def test_it_serves_the_last_good_manifest_after_a_bad_edit_even_in_a_new_process(ehome):
+    from engine.catalog import Catalog
+    from tests.plugin_factory import make_plugin
+
+    pdir = make_plugin(ehome.plugins_dir, "steady", {"ingest": "print('{}')\n"}, toml_extra="hook_timeout_secs = 7")
+    assert Catalog(ehome).get("steady").valid  # first load remembers plugin.toml
+    (pdir / "plugin.toml").write_text("name = \"steady\"\n[hooks\n")  # broken edit
+    fresh = Catalog(ehome)  # e.g. a worker started after the edit
+    entry = fresh.get("steady")
+    assert entry.plugin is not None and entry.plugin.manifest.hooks.hook_timeout_secs == 7
+    assert not entry.valid and any(f.id == "manifest.stale" for f in entry.problems)
+    assert any(f.id == "manifest.toml_syntax" for f in entry.problems)
