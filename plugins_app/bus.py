@@ -132,6 +132,20 @@ async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: st
     return json.loads(got[1])
 
 
+def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *, plugin: str = "") -> dict | None:
+    """The blocking form of submit_and_wait, for sync callers (routes that run in a thread, commands)."""
+    job_id, fields = _fields(kind, hook, request, wait_secs, True, plugin)
+    r = client()
+    r.xadd(stream_key(), fields)
+    got = r.blpop([reply_key(job_id)], timeout=max(0.01, wait_secs))
+    return json.loads(got[1]) if got else None
+
+
+def worker_alive() -> bool:
+    r = client()
+    return any(True for _ in r.scan_iter(match=heartbeat_key("*"), count=100))
+
+
 async def live_workers() -> list[dict]:
     r = aclient()
     out = []

@@ -40,6 +40,11 @@ def process(job: Job, stream: JobStream) -> str:
             source = f"tool:{job.plugin}"
             reason = str(payload.get("error") or payload.get("_tool_error", {}).get("message") or "")
         # ---- end of the tool branch ----
+        elif job.kind == "install_deps":  # pip runs third-party build code: never in the web tier
+            from plugins_app.services.plugins import run_install_deps
+
+            payload = run_install_deps(job.plugin)
+            source, reason = job.plugin, "" if payload.get("ok") else str(payload.get("error") or "")
         else:
             reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
             payload = reply.to_dict()

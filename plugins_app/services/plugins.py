@@ -22,7 +22,7 @@ from engine import install as I
 from engine.catalog import DISABLED_MARKER
 from engine.manifest import NAME_RE, ManifestError
 from engine.scaffold import ScaffoldError, plan
-from plugins_app import events
+from plugins_app import bus, events
 from plugins_app.models import IdempotentResponse
 from plugins_app.selectors.plugins import PluginSummary, get_plugin
 from plugins_app.services import audit
@@ -223,29 +223,48 @@ def uninstall_plugin(name: str, actor: str) -> dict:
     return result
 
 
-def install_deps(name: str, actor: str) -> dict:
-    """Install the plugin's requirements (engine.requirements does the work, in the plugin's own environment)."""
-    pdir = _require_installed(name)
-    try:
-        from engine import requirements as R
-    except ImportError as exc:
-        raise PluginError("not_supported", "dependency installation is not available in this build", 409) from exc
+INSTALL_DEPS_WAIT_SECS = 330  # engine.requirements' own pip timeout (300 s) plus venv creation
+
+
+def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
+    """Install the plugin's requirements into its own virtualenv. pip runs build code from the internet, so it
+    runs on a worker (the CLI may run it in-process when no worker is alive)."""
+    _require_installed(name)
     entry = get_engine().catalog.get(name)
     if entry.plugin is None:
         raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
                           [f.to_dict() for f in entry.problems])
-    try:
-        outcome = R.install_requirements(pdir, entry.plugin.manifest, home())
-    except Exception as exc:
-        audit.record(actor, "plugin.install_deps", name, ok=False, details={"error": str(exc)})
-        raise PluginError("install_deps_failed", f"installing dependencies failed: {exc}", 400) from exc
-    data = outcome if isinstance(outcome, dict) else getattr(outcome, "to_dict", lambda: {"result": str(outcome)})()
-    ok = bool(data.get("success", data.get("ok", True)))
+    if via_worker:
+        try:
+            data = bus.submit_and_wait_sync("install_deps", "", {}, INSTALL_DEPS_WAIT_SECS, plugin=name)
+        except Exception as exc:
+            raise PluginError("worker_unavailable", f"the job bus is unreachable: {exc}", 503) from exc
+        if data is None:
+            raise PluginError("worker_unavailable", f"no worker answered within {INSTALL_DEPS_WAIT_SECS}s", 503)
+        if "_engine_error" in data:
+            data = {"ok": False, "success": False, "error": data["_engine_error"]}
+    else:
+        data = run_install_deps(name)
+    ok = bool(data.get("success", data.get("ok", False)))
     audit.record(actor, "plugin.install_deps", name, ok=ok, details={k: v for k, v in data.items() if k != "output"})
     if not ok:
         raise PluginError("install_deps_failed", str(data.get("error") or "installing dependencies failed"), 400, data)
     events.plugin_changed(name, "deps_installed")
     return {"success": True, **data}
+
+
+def run_install_deps(name: str) -> dict:
+    """The work itself (on a worker): build the plugin's venv with engine.requirements."""
+    from engine import requirements as R
+
+    entry = get_engine().catalog.get(name)
+    if entry.plugin is None:
+        return {"ok": False, "success": False, "error": f"plugin {name!r} cannot be loaded"}
+    try:
+        outcome = R.install_requirements(entry.dir, entry.plugin.manifest, home())
+    except Exception as exc:
+        return {"ok": False, "success": False, "error": f"installing dependencies failed: {exc}"}
+    return outcome.to_dict()
 
 
 # ---- the active chain ----

@@ -160,3 +160,18 @@ def test_it_cli_test_hook_goes_through_a_live_worker(live):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["via"].startswith("via worker") and out["reply"]["memories"][0]["content"] == "echo: via cli"
+
+
+def test_it_installs_deps_on_a_worker_into_the_plugin_venv_or_reports_the_failure(live):
+    status, body = live.request("POST", "/api/plugins/scaffold", {"name": "deps", "runtime": "python"})
+    assert status == 201, body
+    pdir = live.home / "plugins" / "deps"
+    (pdir / "requirements.txt").write_text("# nothing to install\n")
+    status, body = live.request("POST", "/api/plugins/deps/install-deps")
+    assert status == 200 and body["success"] is True, body
+    assert (live.home / "plugin_data" / "deps" / "venv" / "bin" / "python").exists()
+    (pdir / "requirements.txt").write_text("this is not a valid requirement !!!\n")
+    status, body = live.request("POST", "/api/plugins/deps/install-deps")
+    assert status == 400 and body["error"]["code"] == "install_deps_failed", body
+    status, body = live.request("GET", "/api/plugins/nope-nope/lint")
+    assert status == 404

@@ -199,7 +199,10 @@ class Command(BaseCommand):
         self.out(r, f"updated {name}: {r.get('previous_version') or '?'} -> {r['version']}")
 
     def _install_deps(self, name, **_):
-        r = plugin_service.install_deps(name, actor=_actor())
+        from plugins_app import bus
+
+        # through a worker when one is alive (as the API does), else in this process
+        r = plugin_service.install_deps(name, actor=_actor(), via_worker=bus.worker_alive())
         self.out(r, str(r.get("output") or r.get("message") or "dependencies installed"))
 
     def _use(self, names, **_):
