@@ -73,19 +73,55 @@ def _send(sock, obj):
 
 
 def _serve(ctl):
-    """Fork children on request. Returns only inside a forked child, with what it needs to become the hook."""
+    """Fork children on request. Returns only inside a forked child: (spec, stdio fds) for a child forked for a
+    call, or (None, socket) for the spare child, which then waits on that socket for its call.
+
+    One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's stdio and
+    spec. A spare has never run anything but this loop's fork; it is as fresh as a child forked on demand.
+    """
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> (pid, reply socket)
     draining = False
+    spare = None  # (pid, socket to it)
+
+    def in_child():
+        sel.close()
+        ctl.close()
+        for pidfd, (_pid, other) in children.items():
+            other.close()
+            os.close(pidfd)
+        if spare is not None:
+            spare[1].close()
+
+    def drop_spare():
+        pid, sock = spare
+        sock.close()  # EOF: the spare exits
+        os.waitpid(pid, 0)
+
     while True:
+        if spare is None and not draining:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                pid = os.fork()
+            except OSError:
+                pid = None
+            if pid == 0:
+                ours.close()
+                in_child()
+                return None, theirs
+            theirs.close()
+            if pid is None:
+                ours.close()
+            else:
+                spare = (pid, ours)
         for key, _ in sel.select():
             if key.data is None:
                 try:
                     msg, anc, _flags, _addr = ctl.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
                 except InterruptedError:
                     continue
-                if not msg:  # the worker is gone: children die with us (PDEATHSIG)
+                if not msg:  # the worker is gone: children die with us (PDEATHSIG), the spare on EOF
                     os._exit(0)
                 fds = array.array("i")
                 for level, kind, data in anc:
@@ -96,15 +132,37 @@ def _serve(ctl):
                         os.close(fd)
                     if not fds and _HEADER.unpack(msg)[0] == 0:  # retired: finish the running hooks, then exit
                         draining = True
+                        if spare is not None:
+                            drop_spare()
+                            spare = None
                         if not children:
                             os._exit(0)
                     continue
                 reply = socket.socket(fileno=fds[0])
                 stdio = list(fds[1:])
+                pid = None
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
-                    spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
-                    pid = os.fork()
+                    raw = _recv_exact(reply, _HEADER.unpack(msg)[0])
+                    if spare is not None:
+                        pid, sock = spare
+                        spare = None
+                        try:
+                            sock.sendmsg([_HEADER.pack(len(raw))],
+                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+                            sock.sendall(raw)
+                        except OSError:  # the spare died: fork on demand instead
+                            try:
+                                os.kill(pid, _SIGKILL)
+                            except OSError:
+                                pass
+                            os.waitpid(pid, 0)
+                            pid = None
+                        finally:
+                            sock.close()
+                    if pid is None:
+                        spec = json.loads(raw)
+                        pid = os.fork()
                 except Exception as exc:
                     _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
@@ -112,12 +170,8 @@ def _serve(ctl):
                         os.close(fd)
                     continue
                 if pid == 0:
-                    sel.close()
-                    ctl.close()
                     reply.detach()
-                    for pidfd, (_pid, other) in children.items():
-                        other.close()
-                        os.close(pidfd)
+                    in_child()
                     return spec, stdio
                 for fd in stdio:
                     os.close(fd)
@@ -135,6 +189,23 @@ def _serve(ctl):
                 reply.close()
                 if draining and not children:
                     os._exit(0)
+
+
+def _await_call(sock):
+    """In the spare child: wait for the call's stdio and spec; exit quietly if the zygote retires or dies first."""
+    try:
+        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(3 * 4))
+        if not msg:
+            os._exit(0)
+        fds = array.array("i")
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        spec = json.loads(_recv_exact(sock, _HEADER.unpack(msg)[0]))
+    except BaseException:  # noqa: BLE001 - the zygote went away mid-hand-over
+        os._exit(0)
+    sock.close()
+    return spec, list(fds)
 
 
 def _die(message, code):
@@ -343,6 +414,8 @@ def _main():
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spec, stdio = _serve(ctl)
+    if spec is None:  # the spare child
+        spec, stdio = _await_call(stdio)
     try:
         _setup_child(spec, stdio, zygote_pid, libc, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts

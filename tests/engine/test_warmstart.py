@@ -343,3 +343,33 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
     while time.monotonic() < end and _alive(first):
         time.sleep(0.05)
     assert not _alive(first)  # and then it exited
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
+    pdir = _ppid_probe(tmp_path)
+    assert _run(_call(pdir), True, monkeypatch).ok
+    [zygote] = warmstart.zygote_pids()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and not _children_of(zygote):
+        time.sleep(0.01)
+    spares = _children_of(zygote)
+    assert len(spares) == 1  # one child forked ahead, waiting for the next call
+    os.kill(spares[0], signal.SIGKILL)
+    time.sleep(0.1)
+    result = _run(_call(pdir), True, monkeypatch)
+    assert result.ok, result.failure
+    assert result.reply["ppid"] == zygote
+    assert warmstart.zygote_pids() == [zygote]
