@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import threading
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from engine.filecache import FileCache
 
 
 class LlmConfig(BaseModel):
@@ -50,34 +49,17 @@ class ServiceConfig(BaseModel):
     error: str | None = None
 
 
-class ConfigCache:
-    """Parses config.toml once per change (one stat per call). A broken file keeps the last good config."""
+def parse_service_config(text: str) -> ServiceConfig:
+    return ServiceConfig.model_validate(tomllib.loads(text))
+
+
+class ConfigCache(FileCache[ServiceConfig]):
+    """config.toml, parsed once per change. A broken file keeps the last good config, with `error` set on it."""
 
     def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        self._stamp: tuple | None = None
-        self._value = ServiceConfig()
+        super().__init__(path, parse_service_config, ServiceConfig(), "configuration")
 
     def get(self) -> ServiceConfig:
-        try:
-            st = os.stat(self.path)
-            stamp: tuple = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            stamp = ()
-        with self._lock:
-            if stamp != self._stamp:
-                self._value = self._load(stamp)
-                self._stamp = stamp
-            return self._value
-
-    def _load(self, stamp: tuple) -> ServiceConfig:
-        if not stamp:
-            return ServiceConfig()
-        try:
-            raw: dict[str, Any] = tomllib.loads(self.path.read_text(encoding="utf-8"))
-            return ServiceConfig.model_validate(raw)
-        except (OSError, ValueError) as exc:
-            previous = self._value.model_copy()
-            previous.error = f"{self.path} is invalid, keeping the previous configuration: {exc}"
-            return previous
+        value = super().get()
+        value.error = self.error
+        return value

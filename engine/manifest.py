@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine import findings as F
+from engine.filecache import file_stamp
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
 from engine.runtimes import ResolvedRuntime, resolve_tag
@@ -372,11 +373,7 @@ def manifest_path(plugin_dir: Path) -> Path:
 
 def fingerprint(plugin_dir: Path) -> tuple:
     """Changes whenever plugin.toml changes on disk (cheap: one stat)."""
-    try:
-        st = os.stat(manifest_path(plugin_dir))
-    except OSError:
-        return ()
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return file_stamp(manifest_path(plugin_dir))
 
 
 def load_plugin(plugin_dir: Path, check_integrity: bool = True) -> LoadedPlugin:

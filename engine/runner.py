@@ -45,6 +45,7 @@ from typing import Any
 
 from engine import protocol as P
 from engine import warmstart
+from engine.filecache import confine
 from engine.protocol import Failure
 from engine.runtimes import LauncherNotFound, ResolvedRuntime, build_command
 
@@ -101,13 +102,7 @@ def resolve_script(plugin_dir: Path, script: str) -> Path:
 
     Raises ValueError (traversal) or FileNotFoundError. Runs on every call, not only at load.
     """
-    rel = Path(script)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise ValueError(f"hook path {script!r} must be relative and must not contain '..'")
-    root = plugin_dir.resolve()
-    target = (root / rel).resolve()
-    if not target.is_relative_to(root):
-        raise ValueError(f"hook path {script!r} resolves outside the plugin directory")
+    target = confine(plugin_dir, script, "hook path", "the plugin directory")
     if not target.is_file():
         raise FileNotFoundError(f"hook script {script!r} not found in {plugin_dir}")
     return target

@@ -36,6 +36,8 @@ from typing import Any
 import wasmtime
 
 from engine import protocol as P
+from engine.filecache import FileCache
+from engine.filecache import confine as _confine
 from engine.protocol import Failure
 
 # ---- failure kinds specific to wasm (stable strings, like engine.protocol's) ----
@@ -177,37 +179,12 @@ def policy_from_toml(raw: dict[str, Any]) -> WasmPolicy:
     return WasmPolicy(**kw)
 
 
-class PolicyCache:
+def policy_cache(path: Path) -> FileCache[WasmPolicy]:
     """The policy from config.toml, re-read when the file changes; a broken file keeps the last good policy."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        self._stamp: tuple | None = None
-        self._value = WasmPolicy()
-        self.error: str | None = None
-
-    def get(self) -> WasmPolicy:
-        try:
-            st = os.stat(self.path)
-            stamp: tuple = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            stamp = ()
-        with self._lock:
-            if stamp != self._stamp:
-                self._stamp = stamp
-                if not stamp:
-                    self._value, self.error = WasmPolicy(), None
-                else:
-                    try:
-                        self._value = policy_from_toml(tomllib.loads(self.path.read_text(encoding="utf-8")))
-                        self.error = None
-                    except (OSError, ValueError) as exc:
-                        self.error = f"{self.path}: {exc}; keeping the previous wasm policy"
-            return self._value
+    return FileCache(path, lambda text: policy_from_toml(tomllib.loads(text)), WasmPolicy(), "wasm policy")
 
 
-_policy_caches: dict[Path, PolicyCache] = {}
+_policy_caches: dict[Path, FileCache[WasmPolicy]] = {}
 _policy_lock = threading.Lock()
 
 
@@ -215,7 +192,7 @@ def policy_for(config_path: Path) -> WasmPolicy:
     with _policy_lock:
         cache = _policy_caches.get(config_path)
         if cache is None:
-            cache = _policy_caches[config_path] = PolicyCache(config_path)
+            cache = _policy_caches[config_path] = policy_cache(config_path)
     return cache.get()
 
 
@@ -604,17 +581,8 @@ def _host_az_env_get(caller: wasmtime.Caller, ptr: int, length: int) -> int:
 
 
 def confine(root: Path, rel: str) -> Path:
-    """`rel` under `root`, refusing absolute paths, `..` and symlinks that leave root. Raises ValueError."""
-    if not rel or "\x00" in rel:
-        raise ValueError("empty path")
-    candidate = Path(rel)
-    if candidate.is_absolute() or ".." in candidate.parts:
-        raise ValueError(f"path {rel!r} must be relative and must not contain '..'")
-    real_root = root.resolve()
-    target = (real_root / candidate).resolve()
-    if not target.is_relative_to(real_root):
-        raise ValueError(f"path {rel!r} resolves outside the workspace")
-    return target
+    """`rel` under the workspace root (see engine.filecache.confine). Raises ValueError."""
+    return _confine(root, rel, "path", "the workspace")
 
 
 def _host_az_read_file(caller: wasmtime.Caller, ptr: int, length: int) -> int:

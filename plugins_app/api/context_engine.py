@@ -1,7 +1,6 @@
 """Context-engine routes: the agent hook calls and metrics."""
 
 
-import json
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
@@ -9,7 +8,7 @@ from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from engine.hooks import ALL_HOOKS
-from plugins_app.api.errors import ApiError, json_response
+from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import ADMIN, AGENT, VIEWER, actor
 from plugins_app.schemas import (
     HOOK_REQUEST_SCHEMAS,
@@ -37,22 +36,6 @@ from plugins_app.services import plugins as plugin_service
 from plugins_app.services.plugins import PluginError
 
 router = Router(tags=["context-engine"])
-
-
-def parse_body(request: HttpRequest) -> dict:
-    from django.conf import settings
-
-    if len(request.body) > settings.LIBREFANG_MAX_BODY_BYTES:
-        raise ApiError(413, "payload_too_large", f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ApiError(400, "invalid_json", "The request body is nested too deeply.") from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
-    return data
 
 
 def optional_body(request: HttpRequest, schema: type[Schema]):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
@@ -21,7 +23,6 @@ class ApiError(Exception):
 
 def json_response(data: Any, status: int = 200) -> HttpResponse:
     """A JSON response that is not filtered through the response schema (hook results carry open-ended fields)."""
-    import json
 
     return HttpResponse(json.dumps(data, ensure_ascii=False, default=str), status=status,
                         content_type="application/json")
@@ -36,7 +37,6 @@ def envelope(code: str, message: str, details: Any = None) -> dict:
 
 def _json_not_allowed(self) -> HttpResponse:
     """405 in the error envelope (django-ninja answers plain text), with the Allow header."""
-    import json
 
     allowed = sorted({m for op in self.operations for m in op.methods})
     resp = HttpResponse(json.dumps(envelope("method_not_allowed", f"allowed methods: {', '.join(allowed)}")),
@@ -95,3 +95,18 @@ def _code_for(status: int) -> str:
     return {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
             409: "conflict", 413: "payload_too_large", 422: "unprocessable", 429: "too_many_requests"}.get(
         status, "error")
+
+
+def parse_body(request: HttpRequest) -> dict:
+    """The request body as a JSON object, or an ApiError with the envelope's code (413, 400 invalid_json)."""
+    if len(request.body) > settings.LIBREFANG_MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "invalid_json", "The request body is nested too deeply.") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    return data

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 from ninja import Router
 
 from plugins_app import bus
 from plugins_app.api.errors import json_response
 from plugins_app.schemas import HealthOut
+from plugins_app.selectors.health import database_ok
 
 router = Router(tags=["health"])
-
-
-def _db_ok() -> bool:
-    try:
-        with connection.cursor() as cur:
-            cur.execute("SELECT 1")
-        return True
-    except Exception:
-        return False
 
 
 @router.get("/health", auth=None, response={200: HealthOut, 503: HealthOut})
 async def health(request):
     redis_ok = await bus.ping()
-    db_ok = await sync_to_async(_db_ok)()
+    db_ok = await sync_to_async(database_ok)()
     workers = await bus.live_workers() if redis_ok else []
     queue = await bus.queue_stats() if redis_ok else {}
     healthy = redis_ok and db_ok and bool(workers)

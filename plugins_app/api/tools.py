@@ -12,7 +12,7 @@ from ninja import Router
 from ninja.security import HttpBearer
 
 from engine import wasm_tools as T
-from plugins_app.api.errors import ApiError, json_response
+from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import ADMIN, OWNER, actor
 from plugins_app.auth import allows, lookup
 from plugins_app.models import Role
@@ -50,20 +50,6 @@ def _tool_error(exc: T.ToolError) -> ApiError:
     return ApiError(exc.status, exc.code, exc.message)
 
 
-def _json_body(request: HttpRequest) -> dict:
-    from django.conf import settings
-
-    if len(request.body) > settings.LIBREFANG_MAX_BODY_BYTES:
-        raise ApiError(413, "payload_too_large", f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
-    return data
-
-
 def _upload(request: HttpRequest, field: str) -> bytes | None:
     upload = request.FILES.get(field)
     return upload.read() if upload is not None else None
@@ -84,7 +70,7 @@ async def install(request):
     source = "local"
     try:
         if data is None and request.content_type == "application/json":
-            body = _json_body(request)
+            body = parse_body(request)
             if not isinstance(body.get("url"), str) or not body["url"]:
                 raise ApiError(400, "validation_error", 'a JSON body needs "url" (and optionally "sha256")')
             sha = body.get("sha256") if isinstance(body.get("sha256"), str) else None
@@ -136,7 +122,7 @@ async def execute(request, tool_id: str):
     `input` is the raw tool-call argument string; any other JSON value is passed as its JSON text. A module failure is
     a 200 with `ok: false`, `output: ""` and `error` (plus `kind`); unknown tool 404, disabled 409, no worker 504.
     """
-    data = _json_body(request)
+    data = parse_body(request)
     if "input" not in data:
         raise ApiError(400, "validation_error", "the body needs an `input` field (the tool-call argument string)")
     try:

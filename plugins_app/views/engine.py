@@ -4,7 +4,6 @@ health and a global live stderr tail."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.db import connection
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -12,6 +11,7 @@ from engine.hooks import ALL_HOOKS
 from plugins_app import bus, events
 from plugins_app.forms import EngineConfigForm
 from plugins_app.selectors import dashboard
+from plugins_app.selectors.health import database_ok
 from plugins_app.services import plugins as plugin_service
 from plugins_app.views.plugins import actor, role_required
 
@@ -57,22 +57,13 @@ def engine_config(request):
     return render(request, template, _context(form, outcome), status=status)
 
 
-def _db_ok() -> bool:
-    try:
-        with connection.cursor() as cur:
-            cur.execute("SELECT 1")
-        return True
-    except Exception:
-        return False
-
-
 @login_required
 async def engine_health(request):
     """Health fragment, polled by the page: Redis, database, live workers and the job queue."""
     from asgiref.sync import sync_to_async
 
     redis_ok = await bus.ping()
-    db_ok = await sync_to_async(_db_ok)()
+    db_ok = await sync_to_async(database_ok)()
     workers = await bus.live_workers() if redis_ok else []
     queue = await bus.queue_stats() if redis_ok else {}
     return await sync_to_async(render)(request, "plugins_app/partials/engine_health.html", {

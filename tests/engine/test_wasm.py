@@ -285,7 +285,7 @@ def test_it_reads_the_policy_from_config_toml(tmp_path):
 def test_it_keeps_the_last_good_policy_when_config_breaks(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text("[runtime.wasm]\nmemory_limit_mb = 8\n")
-    cache = W.PolicyCache(config)
+    cache = W.policy_cache(config)
     assert cache.get().memory_limit_mb == 8
     config.write_text('[runtime.wasm]\nmemory_limit_mb = "lots"\n')
     assert cache.get().memory_limit_mb == 8
