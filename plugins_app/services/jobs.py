@@ -17,8 +17,9 @@ log = logging.getLogger("librefang.worker")
 def process(job: Job, stream: JobStream) -> str:
     """Run a job, reply if asked, store its outcome, then XACK. Returns the outcome state."""
     close_old_connections()
-    if JobRecord.objects.filter(job_id=job.id).exists():
+    if job.deliveries > 1 and JobRecord.objects.filter(job_id=job.id).exists():
         # Delivered again after a crash between storing the outcome and XACK: the work is already done.
+        # (A first delivery cannot have been processed before, so it skips this query on the hot path.)
         stream.ack(job)
         return "duplicate"
     if job.expired:

@@ -68,3 +68,23 @@ def test_it_drops_a_job_whose_deadline_passed_and_never_runs_it(home, stream):
     assert jobs.process(job, stream) == JobRecord.State.EXPIRED
     assert reply_of(stream, job) is None
     assert not (home.data_dir("late")).exists()  # the hook never ran (it would have created its data dir)
+
+
+COUNTING_AFTER_TURN = """
+import json, os, sys
+sys.stdin.read()
+with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "runs"), "a") as fh:
+    fh.write("x")
+print(json.dumps({"type": "ok"}))
+"""
+
+
+def test_it_acks_a_redelivered_job_whose_outcome_is_stored_without_running_it_again(home, stream):
+    make_plugin(home.plugins_dir, "counter", {"after_turn": COUNTING_AFTER_TURN})
+    write_config(home.root, plugin="counter")
+    job = job_for("after_turn", {"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
+    job.wants_reply = False
+    assert jobs.process(job, stream) == JobRecord.State.DONE
+    job.deliveries = 2  # claimed again after a worker died between storing the outcome and XACK
+    assert jobs.process(job, stream) == "duplicate"
+    assert (home.data_dir("counter") / "runs").read_text() == "x"
