@@ -3,20 +3,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.live import LiveService
+from tests.e2e.live import running_service
 
 
 @pytest.fixture(scope="session")
 def live(tmp_path_factory):
     """One real service (daphne + 1 worker + Redis) shared by the e2e tests; each test uses its own plugins."""
-    service = LiveService(tmp_path_factory.mktemp("live"))
-    try:
-        service.start(workers=1)
-    except Exception:
-        service.stop()
-        raise
-    yield service
-    service.stop()
+    with running_service(tmp_path_factory.mktemp("live")) as service:
+        yield service
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ database file and Redis prefix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,3 +134,14 @@ class LiveService:
 
     def hook(self, hook: str, body: dict, **kw):
         return self.request("POST", f"/api/context-engine/hooks/{hook}", body, **kw)
+
+
+@contextlib.contextmanager
+def running_service(root: Path, workers: int = 1):
+    """A started LiveService, stopped (with all its processes) however the block ends."""
+    service = LiveService(root)
+    try:
+        service.start(workers=workers)
+        yield service
+    finally:
+        service.stop()

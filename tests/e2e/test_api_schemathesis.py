@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
-from tests.e2e.live import LiveService
+from tests.e2e.live import running_service
 
 # No 5xx and no schema violations. (positive_data_acceptance is left out: several bodies carry constraints a JSON
 # schema cannot state, e.g. `url` is required only when `source` is "git", or test-hook `input` depends on `hook`.)
@@ -23,14 +23,8 @@ MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "15"))
 
 @pytest.fixture(scope="module")
 def fuzz_service(tmp_path_factory):
-    service = LiveService(tmp_path_factory.mktemp("fuzz"))
-    try:
-        service.start(workers=1)
-    except Exception:
-        service.stop()
-        raise
-    yield service
-    service.stop()
+    with running_service(tmp_path_factory.mktemp("fuzz")) as service:
+        yield service
 
 
 def test_it_answers_every_operation_within_its_schema(fuzz_service):
