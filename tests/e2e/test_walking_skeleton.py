@@ -130,3 +130,30 @@ def _drains(live) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def test_it_answers_with_the_default_engine_when_the_worker_dies_mid_call(live):
+    make_plugin(live.home / "plugins", "doomed", {"ingest": "import sys, time\nsys.stdin.read()\ntime.sleep(20)\n"},
+                toml_extra="hook_timeout_secs = 3")
+    write_config(live.home, plugin="doomed")
+    outcome: dict = {}
+
+    def call():
+        started = time.monotonic()
+        outcome["reply"] = live.hook("ingest", {"agent_id": "a1", "message": "are you there", "peer_id": None})
+        outcome["elapsed"] = time.monotonic() - started
+
+    import threading
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.0)  # the worker has the job and its hook is running
+    live.kill_worker()
+    caller.join(30)
+    live.start_worker()
+    status, body = outcome["reply"]
+    assert status == 200
+    assert body["source"] == "default" and body["type"] == "ingest_result"
+    assert body["fallback_reason"].startswith("deadline_exceeded")
+    assert outcome["elapsed"] < 3 + 1
+    live.wait_healthy(1)
