@@ -108,6 +108,16 @@ def resolve_script(plugin_dir: Path, script: str) -> Path:
     return target
 
 
+def locate_script(call: HookCall) -> Path | Failure:
+    """The hook's script, or the classified failure (path_traversal / script_not_found) every runtime reports."""
+    try:
+        return resolve_script(call.plugin_dir, call.script)
+    except ValueError as exc:
+        return Failure(P.PATH_TRAVERSAL, str(exc))
+    except FileNotFoundError as exc:
+        return Failure(P.SCRIPT_NOT_FOUND, str(exc))
+
+
 def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The hook's environment, in DESIGN.md §4 order; later entries win."""
     parent = os.environ if parent_env is None else parent_env
@@ -307,12 +317,9 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         return HookResult(False, failure=Failure(kind, message, kw.pop("exit_code", None), kw.pop("signal", None)),
                           elapsed_ms=(time.monotonic() - started) * 1000, **kw)
 
-    try:
-        script = resolve_script(call.plugin_dir, call.script)
-    except ValueError as exc:
-        return fail(P.PATH_TRAVERSAL, str(exc))
-    except FileNotFoundError as exc:
-        return fail(P.SCRIPT_NOT_FOUND, str(exc))
+    script = locate_script(call)
+    if isinstance(script, Failure):
+        return fail(script.kind, script.message)
     if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
         return fail(P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} runs in-process, not as a subprocess")
     try:

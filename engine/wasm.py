@@ -901,7 +901,7 @@ def narrowed(policy: WasmPolicy, *, network: bool, filesystem: bool) -> WasmPoli
 def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                   policy: WasmPolicy | None = None) -> Any:
     """Run one `runtime = "wasm"` hook (an engine.runner.HookCall); an engine.runner.HookResult, never raises."""
-    from engine.runner import HookResult, build_env, resolve_script
+    from engine.runner import HookResult, build_env, locate_script
 
     started = time.monotonic()
     logs: list[str] = []
@@ -910,12 +910,9 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
         return HookResult(False, failure=Failure(kind, message), stderr="\n".join(logs),
                           elapsed_ms=(time.monotonic() - started) * 1000)
 
-    try:
-        script = resolve_script(call.plugin_dir, call.script)
-    except ValueError as exc:
-        return fail(P.PATH_TRAVERSAL, str(exc))
-    except FileNotFoundError as exc:
-        return fail(P.SCRIPT_NOT_FOUND, str(exc))
+    script = locate_script(call)
+    if isinstance(script, Failure):
+        return fail(script.kind, script.message)
     if policy is None:
         config_path = _home_config_path(call)
         policy = policy_for(config_path) if config_path else WasmPolicy()

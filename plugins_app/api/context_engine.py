@@ -33,7 +33,6 @@ from plugins_app.selectors.metrics import metrics_by_plugin
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import metrics as metrics_service
 from plugins_app.services import plugins as plugin_service
-from plugins_app.services.plugins import PluginError
 
 router = Router(tags=["context-engine"])
 
@@ -188,10 +187,7 @@ def get_config(request):
 def put_config(request, body: EngineConfigIn):
     """`{"plugin": name}` or `{"plugin_stack": [a, b]}` (both null or empty: the default engine). Written to
     config.toml atomically; comments and other settings are preserved."""
-    try:
-        return json_response(plugin_service.set_engine_config(body.plugin, body.plugin_stack, actor(request)))
-    except PluginError as exc:
-        raise ApiError(exc.status, exc.code, exc.message, exc.details) from exc
+    return json_response(plugin_service.set_engine_config(body.plugin, body.plugin_stack, actor(request)))
 
 
 @router.get("/health", auth=VIEWER, response={200: EngineHealthOut, **E}, operation_id="engine_health",

@@ -11,6 +11,8 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from plugins_app.services.plugins import PluginError
+
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, details: Any = None):
@@ -54,6 +56,11 @@ def install_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(ApiError)
     def _api_error(request, exc: ApiError):
+        return respond(request, exc.status, exc.code, exc.message, exc.details)
+
+    @api.exception_handler(PluginError)
+    def _plugin_error(request, exc: PluginError):
+        # lifecycle services raise PluginError(code, message, status, details): routes just call them
         return respond(request, exc.status, exc.code, exc.message, exc.details)
 
     @api.exception_handler(ValidationError)

@@ -43,16 +43,11 @@ from plugins_app.services import audit
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services.engine import get_engine
-from plugins_app.services.plugins import PluginError
 
 router = Router(tags=["plugins"])
 PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
      413: ErrorEnvelope}
-
-
-def _err(exc: PluginError) -> ApiError:
-    return ApiError(exc.status, exc.code, exc.message, exc.details)
 
 
 def _lang(request: HttpRequest) -> str | None:
@@ -85,11 +80,8 @@ def doctor(request, fresh: bool = False):
 @router.post("/scaffold", auth=OWNER, response={201: ScaffoldOut, **E}, operation_id="plugins_scaffold")
 def scaffold(request, body: ScaffoldIn):
     """Create a plugin from the runtime's templates (201); 409 when it exists; 400 for a bad name or runtime."""
-    try:
-        summary = plugin_service.scaffold_plugin(body.name, body.description, body.runtime, body.hooks,
-                                                 actor=actor(request))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    summary = plugin_service.scaffold_plugin(body.name, body.description, body.runtime, body.hooks,
+                                             actor=actor(request))
     return json_response({"scaffolded": True, "name": summary.name, "path": summary.path,
                           "plugin": summary.to_dict()}, 201)
 
@@ -99,20 +91,14 @@ def install(request, body: InstallIn):
     """Install from a local path, a git URL (optional ref) or a registry (git repo or local dir with
     plugins/<name>/). Honours `Idempotency-Key`; checks [integrity]; never copies symlinks; records plugins.lock."""
     key = request.headers.get("Idempotency-Key")
-    try:
-        result = plugin_service.install_plugin(body.model_dump(exclude_none=True), actor=actor(request),
-                                               idempotency_key=key)
-    except PluginError as exc:
-        raise _err(exc) from exc
+    result = plugin_service.install_plugin(body.model_dump(exclude_none=True), actor=actor(request),
+                                           idempotency_key=key)
     return json_response(result, 201)
 
 
 @router.post("/uninstall", auth=ADMIN, response={200: UninstallOut, **E}, operation_id="plugins_uninstall")
 def uninstall(request, body: NameIn):
-    try:
-        return json_response(plugin_service.uninstall_plugin(body.name, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.uninstall_plugin(body.name, actor=actor(request)))
 
 
 def _plugin_or_404(name: str, request: HttpRequest):
@@ -195,26 +181,17 @@ def lint(request, name: str = PluginPath):
 def reload(request, name: str = PluginPath):
     """Re-read plugin.toml: timeout, [env], hooks and runtime apply to the next call. A broken manifest gets 400
     and the previous configuration keeps serving."""
-    try:
-        return json_response(plugin_service.reload_plugin(name, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.reload_plugin(name, actor=actor(request)))
 
 
 @router.post("/{name}/enable", auth=OWNER, response={200: EnabledOut, **E}, operation_id="plugins_enable")
 def enable(request, name: str = PluginPath):
-    try:
-        return json_response(plugin_service.set_enabled(name, True, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.set_enabled(name, True, actor=actor(request)))
 
 
 @router.post("/{name}/disable", auth=ADMIN, response={200: EnabledOut, **E}, operation_id="plugins_disable")
 def disable(request, name: str = PluginPath):
-    try:
-        return json_response(plugin_service.set_enabled(name, False, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.set_enabled(name, False, actor=actor(request)))
 
 
 @router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update",
@@ -222,18 +199,12 @@ def disable(request, name: str = PluginPath):
 def update(request, name: str = PluginPath):
     """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
     body = optional_body(request, UpdateIn)
-    try:
-        return json_response(plugin_service.update_plugin(name, body.force, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.update_plugin(name, body.force, actor=actor(request)))
 
 
 @router.post("/{name}/install-deps", auth=OWNER, response={200: dict, **E}, operation_id="plugins_install_deps")
 def install_deps(request, name: str = PluginPath):
-    try:
-        return json_response(plugin_service.install_deps(name, actor=actor(request)))
-    except PluginError as exc:
-        raise _err(exc) from exc
+    return json_response(plugin_service.install_deps(name, actor=actor(request)))
 
 
 def _test_hook_timeout(name: str, hook: str) -> float:
