@@ -69,10 +69,8 @@ class Source:
             ref = data.get("ref") or data.get("branch")
             if not isinstance(url, str) or not url.strip():
                 raise InstallError("invalid_source", "a git install needs `url`")
-            if ref is not None and (not isinstance(ref, str) or ref.startswith("-") or not ref.strip()):
-                raise InstallError("invalid_source", "`ref` must be a branch, tag or commit")
             check_git_url(url)
-            return cls("git", url=url, ref=ref)
+            return cls("git", url=url, ref=check_git_ref(ref))
         if kind == "registry":
             name = data.get("name")
             registry = data.get("registry") or data.get("github_repo")
@@ -80,9 +78,23 @@ class Source:
                 raise InstallError("invalid_name", f"registry install needs a valid plugin `name`, got {name!r}")
             if registry is not None and not isinstance(registry, str):
                 raise InstallError("invalid_source", "`registry` must be a string")
-            ref = data.get("ref") or data.get("branch")
-            return cls("registry", registry=registry, name=name, ref=ref if isinstance(ref, str) else None)
+            return cls("registry", registry=registry, name=name, ref=check_git_ref(data.get("ref") or data.get("branch")))
         raise InstallError("invalid_source", "`source` must be one of: local, git, registry")
+
+
+# A branch, tag or commit as git's check-ref-format allows it, minus anything git could read as an option
+# (a leading '-') or as a revision expression (`..`, `@{`, `^`, `~`, `:`): only a plain name reaches git.
+_SAFE_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$")
+
+
+def check_git_ref(ref) -> str | None:
+    """The ref unchanged when it is a plain branch, tag or commit name; None when absent; InstallError otherwise."""
+    if ref is None:
+        return None
+    if not isinstance(ref, str) or not _SAFE_REF.match(ref) or ".." in ref or "//" in ref \
+            or ref.endswith((".", "/", ".lock")):
+        raise InstallError("invalid_ref", f"`ref` must be a plain branch, tag or commit name, got {ref!r}")
+    return ref
 
 
 def check_git_url(url: str) -> None:
@@ -165,18 +177,21 @@ def _git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
 
 
 def git_fetch(url: str, ref: str | None, into: Path) -> str:
-    """Clone url (at ref) into `into`; returns the commit sha."""
+    """Clone url (at ref) into `into`; returns the commit sha. Whatever the caller checked, url and ref are checked
+    again here, and every git call that carries them ends option parsing first (--end-of-options, git >= 2.24)."""
     check_git_url(url)
+    ref = check_git_ref(ref)
     args = ["clone", "--quiet", "--depth=1"]
     if ref:
-        args += ["--branch", ref]
-    out = _git([*args, "--", url, str(into)])
+        args += [f"--branch={ref}"]
+    out = _git([*args, "--end-of-options", url, str(into)])
     if out.returncode != 0 and ref:
         # ref may be a commit: full clone, then check it out
         shutil.rmtree(into, ignore_errors=True)
-        out = _git(["clone", "--quiet", "--", url, str(into)])
+        out = _git(["clone", "--quiet", "--end-of-options", url, str(into)])
         if out.returncode == 0:
-            out = _git(["checkout", "--quiet", ref, "--"], cwd=into)
+            # `git checkout` ignores --end-of-options (2.39); `switch --detach` honours it
+            out = _git(["switch", "--quiet", "--detach", "--end-of-options", ref], cwd=into)
     if out.returncode != 0:
         raise InstallError("git_failed", f"git could not fetch {url}{' at ' + ref if ref else ''}: "
                                          f"{out.stderr.strip()[-500:]}")

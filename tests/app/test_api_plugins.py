@@ -1,6 +1,7 @@
 """Plugin and context-engine management routes: success shapes and validation errors (in-process client)."""
 
 import json
+import os
 import subprocess
 import tomllib
 
@@ -381,3 +382,65 @@ def test_it_reports_status_and_health_in_librefang_shapes(api, home):
     assert api("GET", "/plugins/none/status").status_code == 404
     r = api("GET", "/context-engine/traces/history?limit=10&plugin=st")
     assert r.status_code == 200 and r.json()["limit"] == 10 and r.json()["filters"]["plugin"] == "st"
+
+
+@pytest.fixture
+def git_spy(tmp_path, monkeypatch):
+    """The real git, behind a wrapper on PATH that logs each argv (one JSON list a line) before running it."""
+    import shutil
+    import sys
+
+    real = shutil.which("git")
+    bindir = tmp_path / "spybin"
+    bindir.mkdir()
+    log = tmp_path / "git-calls.log"
+    wrapper = bindir / "git"
+    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+    class Spy:
+        def reset(self):
+            log.unlink(missing_ok=True)
+
+        def __call__(self):
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return Spy()
+
+
+@pytest.mark.parametrize("source", ["git", "registry"])
+@pytest.mark.parametrize("ref", ["--pathspec-from-file=/etc/passwd", "-b", "main..evil", "HEAD@{1}", "a b",
+                                 "x^", "--upload-pack=touch /tmp/pwned"])
+def test_it_refuses_option_like_refs_before_git_runs(api, home, tmp_path, git_spy, source, ref):
+    repo = tmp_path / "repo"
+    _git_repo(repo, "gitp")
+    git_spy.reset()
+    body = {"source": "git", "url": f"file://{repo}", "ref": ref} if source == "git" else \
+        {"source": "registry", "name": "gitp", "registry": f"file://{repo}", "ref": ref}
+    r = api("POST", "/plugins/install", body)
+    assert r.status_code == 400 and err(r) == "invalid_ref", r.content
+    assert "root:" not in r.content.decode()
+    assert git_spy() == []  # git never ran
+    assert not home.plugin_dir("gitp").exists()
+
+
+def test_it_ends_git_options_before_user_input_and_checks_out_a_commit(api, home, tmp_path, git_spy):
+    repo = tmp_path / "repo"
+    _git_repo(repo, "gitp")
+    first = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    (repo / "notes.txt").write_text("v2")
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "v2"], cwd=repo, check=True)
+    git_spy.reset()
+    r = api("POST", "/plugins/install", {"source": "git", "url": f"file://{repo}", "ref": first})
+    assert r.status_code == 201, r.content
+    assert (home.plugin_dir("gitp") / "notes.txt").read_text() == "v1"  # the commit asked for, not main
+    assert json.loads(home.lockfile.read_text())["plugins"]["gitp"]["provenance"]["commit"] == first
+    calls = [c for c in git_spy() if c[0] in ("clone", "switch", "checkout")]
+    assert calls, "git was not called"
+    for argv in calls:  # the URL and the ref only ever come after --end-of-options
+        for value in (f"file://{repo}", first):
+            if value in argv:
+                assert argv.index("--end-of-options") < argv.index(value), argv
