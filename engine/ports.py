@@ -26,6 +26,11 @@ class Invocation:
     job_id: str | None = None
     annotations: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str = "agent"  # "agent" (real traffic) or "test_console": counted apart on dashboards
+
+
+AGENT = "agent"
+TEST_CONSOLE = "test_console"
 
 
 class MemoryStore(Protocol):
@@ -39,6 +44,18 @@ class InvocationSink(Protocol):
     """Receives every invocation: metrics and traces."""
 
     def record(self, invocation: Invocation) -> None: ...
+
+
+class OriginSink:
+    """Wraps a sink and stamps every invocation with an origin (e.g. test-console runs, kept out of agent stats)."""
+
+    def __init__(self, sink: InvocationSink, origin: str) -> None:
+        self.sink = sink
+        self.origin = origin
+
+    def record(self, invocation: Invocation) -> None:
+        invocation.origin = self.origin
+        self.sink.record(invocation)
 
 
 class StderrSink(Protocol):

@@ -55,7 +55,11 @@ class HookMetric(models.Model):
     successes = models.BigIntegerField(default=0)
     failures = models.BigIntegerField(default=0)
     latency_ms_total = models.FloatField(default=0)  # failed calls' latency included (LibreFang records 0)
-    histogram = models.JSONField(default=dict)  # latency bucket upper bound (ms) -> count, for percentiles
+    # Agent traffic's latency sketch (engine/quantiles.py): {"s<k>": count}, merged across rows for percentiles.
+    histogram = models.JSONField(default=dict)
+    # Test-console runs, kept apart: they are not agent traffic and must not move Calls/Errors or percentiles.
+    console_calls = models.BigIntegerField(default=0)
+    console_failures = models.BigIntegerField(default=0)
     last_error = models.TextField(blank=True)
     last_error_kind = models.CharField(max_length=40, blank=True)
     last_called_at = models.DateTimeField(null=True, blank=True)
@@ -66,7 +70,7 @@ class HookMetric(models.Model):
 
 
 class HookMetricBucket(models.Model):
-    """Per-minute counts for 'last hour' figures and latency charts."""
+    """Per-minute agent-traffic counts and latency sketch: charts and percentiles over any time range."""
 
     plugin = models.CharField(max_length=128)
     hook = models.CharField(max_length=32)
@@ -74,7 +78,9 @@ class HookMetricBucket(models.Model):
     calls = models.IntegerField(default=0)
     failures = models.IntegerField(default=0)
     latency_ms_total = models.FloatField(default=0)
-    histogram = models.JSONField(default=dict)
+    histogram = models.JSONField(default=dict)  # latency sketch, see engine/quantiles.py
+    console_calls = models.IntegerField(default=0)
+    console_failures = models.IntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["plugin", "hook", "minute"], name="uniq_bucket")]
@@ -96,6 +102,7 @@ class HookTrace(models.Model):
     output_preview = models.TextField(blank=True)
     stderr_tail = models.TextField(blank=True)
     annotations = models.JSONField(null=True, blank=True)
+    origin = models.CharField(max_length=20, default="agent", db_index=True)  # "agent" | "test_console"
 
     class Meta:
         ordering = ["-started_at"]

@@ -1,27 +1,30 @@
-"""Metrics in LibreFang's documented shape, plus percentiles and last-hour figures."""
+"""Metrics in LibreFang's documented shape, plus measured percentiles, last-hour figures and chart series.
+
+Latencies come from the mergeable sketches stored per plugin × hook (totals) and per minute (engine/quantiles.py),
+so p50/p95/p99 over any range are within 1 % of the measured samples. All counts are agent traffic; test-console
+runs are reported apart as `test_console`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 from django.utils import timezone
 
+from engine import quantiles
 from plugins_app.models import HookMetric, HookMetricBucket
-from plugins_app.services.recording import BUCKETS_MS
+
+MAX_POINTS = 300
+# Chart steps in minutes: the smallest that keeps a range under MAX_POINTS points.
+STEPS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440)
+MAX_RANGE = dt.timedelta(days=31)
 
 
-def percentile(histogram: dict, q: float) -> float | None:
-    """Upper bound (ms) of the bucket holding the q-th percentile; None without data."""
-    total = sum(histogram.values())
-    if not total:
-        return None
-    rank = q * total
-    seen = 0
-    for bound in BUCKETS_MS:
-        seen += histogram.get(str(bound), 0)
-        if seen >= rank:
-            return float(bound)
-    return float(BUCKETS_MS[-1])
+def percentile(histogram: dict | None, q: float) -> float | None:
+    """The q-th percentile (ms) of a latency sketch, rounded to 0.01 ms; None without data."""
+    value = quantiles.quantile(histogram, q)
+    return None if value is None else round(value, 2)
 
 
 def hook_stats(m: HookMetric) -> dict:
@@ -37,6 +40,7 @@ def hook_stats(m: HookMetric) -> dict:
         "last_error": m.last_error or None,
         "last_error_kind": m.last_error_kind or None,
         "last_called_at": m.last_called_at.isoformat() if m.last_called_at else None,
+        "test_console": {"calls": m.console_calls, "failures": m.console_failures},
     }
 
 
@@ -51,21 +55,73 @@ def metrics_by_plugin(plugin: str | None = None) -> dict:
 
 
 def last_hour(plugin: str | None = None) -> dict[str, dict]:
-    """Per plugin: calls, failures, error rate and p95 over the last 60 minutes."""
+    """Per plugin: agent calls, failures, error rate and p95 over the last 60 minutes (+ test-console calls)."""
     since = timezone.now() - dt.timedelta(hours=1)
     qs = HookMetricBucket.objects.filter(minute__gte=since)
     if plugin:
         qs = qs.filter(plugin=plugin)
     agg: dict[str, dict] = {}
     for b in qs:
-        a = agg.setdefault(b.plugin, {"calls": 0, "failures": 0, "histogram": {}})
+        a = agg.setdefault(b.plugin, {"calls": 0, "failures": 0, "console_calls": 0, "histogram": {}})
         a["calls"] += b.calls
         a["failures"] += b.failures
-        for k, v in b.histogram.items():
-            a["histogram"][k] = a["histogram"].get(k, 0) + v
+        a["console_calls"] += b.console_calls
+        quantiles.merge(a["histogram"], b.histogram)
     return {
         p: {"calls": a["calls"], "failures": a["failures"],
             "error_rate": round(a["failures"] / a["calls"], 4) if a["calls"] else 0.0,
-            "p95_ms": percentile(a["histogram"], 0.95)}
+            "p95_ms": percentile(a["histogram"], 0.95), "test_console_calls": a["console_calls"]}
         for p, a in agg.items()
+    }
+
+
+def step_minutes(start: dt.datetime, end: dt.datetime, max_points: int = MAX_POINTS) -> int:
+    minutes = max(1.0, (end - start).total_seconds() / 60)
+    for step in STEPS_MIN:
+        if minutes / step <= max_points:
+            return step
+    return math.ceil(minutes / max_points)
+
+
+def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook: str | None = None,
+           max_points: int = MAX_POINTS) -> dict:
+    """Calls, errors, test-console calls and p50/p95/p99 per step between start and end (at most max_points
+    steps), plus the same figures over the whole range. Times are unix seconds (step starts)."""
+    end = min(end, start + MAX_RANGE)
+    step = step_minutes(start, end, max_points)
+    step_s = step * 60
+    first = int(start.timestamp()) // step_s * step_s
+    n = max(1, math.ceil((end.timestamp() - first) / step_s))
+    calls, errors, console = [0] * n, [0] * n, [0] * n
+    sketches: list[dict] = [{} for _ in range(n)]
+    qs = HookMetricBucket.objects.filter(minute__gte=dt.datetime.fromtimestamp(first, dt.UTC), minute__lt=end)
+    if plugin:
+        qs = qs.filter(plugin=plugin)
+    if hook:
+        qs = qs.filter(hook=hook)
+    total_sketch: dict = {}
+    for minute, c, f, cc, hist in qs.values_list("minute", "calls", "failures", "console_calls", "histogram"):
+        i = (int(minute.timestamp()) - first) // step_s
+        if not 0 <= i < n:
+            continue
+        calls[i] += c
+        errors[i] += f
+        console[i] += cc
+        quantiles.merge(sketches[i], hist)
+        quantiles.merge(total_sketch, hist)
+
+    def qs_of(q: float) -> list[float | None]:
+        return [percentile(s, q) for s in sketches]
+
+    return {
+        "start": int(start.timestamp()), "end": int(end.timestamp()), "step_s": step_s,
+        "t": [first + i * step_s for i in range(n)],
+        "calls": calls, "errors": errors, "test_console_calls": console,
+        "p50_ms": qs_of(0.50), "p95_ms": qs_of(0.95), "p99_ms": qs_of(0.99),
+        "summary": {
+            "calls": sum(calls), "errors": sum(errors), "test_console_calls": sum(console),
+            "error_rate": round(sum(errors) / sum(calls), 4) if sum(calls) else None,
+            "p50_ms": percentile(total_sketch, 0.50), "p95_ms": percentile(total_sketch, 0.95),
+            "p99_ms": percentile(total_sketch, 0.99),
+        },
     }

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from engine import quantiles
 from plugins_app.models import HookMetric
-from plugins_app.services.recording import BUCKETS_MS
+
+# Fixed `le` bounds (ms) of the exposed histogram, so Prometheus can aggregate across instances; counts are read
+# from each row's latency sketch (engine/quantiles.py). Exact quantiles are exposed as a separate gauge family.
+BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
+              20000, 30000, 60000, 120000)
+QUANTILES = (0.5, 0.95, 0.99)
 
 
 def _stats(calls: int, successes: int, failures: int, total_ms: float) -> dict:
@@ -53,11 +59,22 @@ def prometheus() -> str:
     family("librefang_hook_duration_ms", "histogram", "Hook latency in milliseconds.")
     for m in rows:
         labels = f'plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"'
-        seen = 0
-        for bound in BUCKETS_MS[:-1]:
-            seen += int(m.histogram.get(str(bound), 0))
-            out.append(f'librefang_hook_duration_ms_bucket{{{labels},le="{bound}"}} {seen}')
+        for bound in BUCKETS_MS:
+            out.append(f'librefang_hook_duration_ms_bucket{{{labels},le="{bound}"}} '
+                       f"{quantiles.count_at_most(m.histogram, bound)}")
         out.append(f'librefang_hook_duration_ms_bucket{{{labels},le="+Inf"}} {m.calls}')
         out.append(f"librefang_hook_duration_ms_sum{{{labels}}} {m.latency_ms_total:.3f}")
         out.append(f"librefang_hook_duration_ms_count{{{labels}}} {m.calls}")
+    family("librefang_hook_latency_quantile_ms", "gauge",
+           "Measured latency quantiles since the last reset (within 1 % of the samples).")
+    for m in rows:
+        labels = f'plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"'
+        for q in QUANTILES:
+            value = quantiles.quantile(m.histogram, q)
+            if value is not None:
+                out.append(f'librefang_hook_latency_quantile_ms{{{labels},quantile="{q}"}} {value:.3f}')
+    family("librefang_hook_test_console_calls_total", "counter", "Test-console runs (not agent traffic).")
+    for m in rows:
+        out.append(f'librefang_hook_test_console_calls_total{{plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"}} '
+                   f"{m.console_calls}")
     return "\n".join(out) + "\n"

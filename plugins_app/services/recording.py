@@ -6,7 +6,6 @@ database; dashboards are told which metrics moved.
 
 from __future__ import annotations
 
-import bisect
 import datetime as dt
 import logging
 import queue
@@ -14,28 +13,25 @@ import threading
 import time
 
 from django.db import close_old_connections, transaction
-from django.db.models import F
 from django.utils import timezone
 
-from engine.ports import Invocation
+from engine import quantiles
+from engine.ports import AGENT, Invocation
 from plugins_app import events
 from plugins_app.models import HookMetric, HookMetricBucket, HookTrace
 
 log = logging.getLogger("librefang.recording")
-# Latency histogram bucket upper bounds (ms); the last bucket catches everything above.
-BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000,
-              20000, 30000, 60000, 120000, 10**9)
 MAX_TRACES = 10_000
 PRUNE_EVERY = 256
 BATCH_LINGER_SECS = 0.05
 
 
-def bucket_for(ms: float) -> str:
-    return str(BUCKETS_MS[min(bisect.bisect_left(BUCKETS_MS, ms), len(BUCKETS_MS) - 1)])
-
-
 def record_now(items: list[Invocation]) -> None:
-    """Write a batch of invocations: traces, totals, per-minute buckets."""
+    """Write a batch of invocations: traces, totals, per-minute buckets.
+
+    Totals and buckets are read-merge-written under a row lock (select_for_update), taken in sorted key order so
+    concurrent workers neither lose counts nor deadlock; test-console runs go to their own counters.
+    """
     now = timezone.now()
     with transaction.atomic():
         HookTrace.objects.bulk_create([
@@ -44,58 +40,63 @@ def record_now(items: list[Invocation]) -> None:
                 started_at=dt.datetime.fromtimestamp(i.started_at, dt.UTC), elapsed_ms=i.elapsed_ms, ok=i.ok,
                 error_kind=i.error_kind or "", error=(i.error or "")[:4000], input_preview=i.input_preview,
                 output_preview=i.output_preview, stderr_tail=i.stderr_tail, annotations=i.annotations,
+                origin=(i.origin or AGENT)[:20],
             )
             for i in items
         ], ignore_conflicts=True)
-        # One read-modify-write per (plugin, hook) and per (plugin, hook, minute) for the whole batch, not per call.
+        # One locked read-modify-write per (plugin, hook) and per (plugin, hook, minute) for the whole batch.
         by_hook: dict[tuple[str, str], list[Invocation]] = {}
         by_minute: dict[tuple[str, str, dt.datetime], list[Invocation]] = {}
         for i in items:
             by_hook.setdefault((i.plugin, i.hook), []).append(i)
             minute = dt.datetime.fromtimestamp(i.started_at - i.started_at % 60, dt.UTC)
             by_minute.setdefault((i.plugin, i.hook, minute), []).append(i)
-        for group in by_hook.values():
-            _bump_total(group, now)
-        for (_plugin, _hook, minute), group in by_minute.items():
-            _bump_bucket(group, minute)
+        for key in sorted(by_hook):
+            _bump_total(by_hook[key], now)
+        for key in sorted(by_minute):
+            _bump_bucket(by_minute[key], key[2])
 
 
-def _merge_histogram(hist: dict, items: list[Invocation]) -> dict:
-    hist = dict(hist)
-    for i in items:
-        b = bucket_for(i.elapsed_ms)
-        hist[b] = hist.get(b, 0) + 1
-    return hist
+def _split(items: list[Invocation]) -> tuple[list[Invocation], list[Invocation]]:
+    agent = [i for i in items if (i.origin or AGENT) == AGENT]
+    return agent, [i for i in items if (i.origin or AGENT) != AGENT]
+
+
+def _add_calls(row: HookMetric | HookMetricBucket, items: list[Invocation]) -> None:
+    agent, console = _split(items)
+    row.calls += len(agent)
+    row.failures += sum(1 for i in agent if not i.ok)
+    row.latency_ms_total += sum(i.elapsed_ms for i in agent)
+    sketch = dict(row.histogram or {})
+    for i in agent:
+        quantiles.add(sketch, i.elapsed_ms)
+    row.histogram = sketch
+    row.console_calls += len(console)
+    row.console_failures += sum(1 for i in console if not i.ok)
 
 
 def _bump_total(items: list[Invocation], now: dt.datetime) -> None:
-    """Add calls of one plugin/hook to its totals."""
+    """Add calls of one plugin/hook to its totals (the row stays locked until the transaction ends)."""
     first = items[0]
-    metric, _ = HookMetric.objects.get_or_create(plugin=first.plugin, hook=first.hook)
-    ok = sum(1 for i in items if i.ok)
-    updates = dict(
-        calls=F("calls") + len(items),
-        successes=F("successes") + ok,
-        failures=F("failures") + (len(items) - ok),
-        latency_ms_total=F("latency_ms_total") + sum(i.elapsed_ms for i in items),
-        histogram=_merge_histogram(metric.histogram, items),
-        last_called_at=now,
-    )
-    failed = [i for i in items if not i.ok]
+    metric, _ = HookMetric.objects.select_for_update().get_or_create(plugin=first.plugin, hook=first.hook)
+    _add_calls(metric, items)
+    agent, _console = _split(items)
+    metric.successes += sum(1 for i in agent if i.ok)
+    if agent:
+        metric.last_called_at = now
+    failed = [i for i in agent if not i.ok]
     if failed:
-        updates.update(last_error=(failed[-1].error or "")[:2000], last_error_kind=failed[-1].error_kind or "")
-    HookMetric.objects.filter(pk=metric.pk).update(**updates)
+        metric.last_error, metric.last_error_kind = (failed[-1].error or "")[:2000], failed[-1].error_kind or ""
+    metric.save()
 
 
 def _bump_bucket(items: list[Invocation], minute: dt.datetime) -> None:
     """Add calls of one plugin/hook that started in one minute to that minute's bucket."""
     first = items[0]
-    bucket, _ = HookMetricBucket.objects.get_or_create(plugin=first.plugin, hook=first.hook, minute=minute)
-    HookMetricBucket.objects.filter(pk=bucket.pk).update(
-        calls=F("calls") + len(items), failures=F("failures") + sum(1 for i in items if not i.ok),
-        latency_ms_total=F("latency_ms_total") + sum(i.elapsed_ms for i in items),
-        histogram=_merge_histogram(bucket.histogram, items),
-    )
+    bucket, _ = HookMetricBucket.objects.select_for_update().get_or_create(
+        plugin=first.plugin, hook=first.hook, minute=minute)
+    _add_calls(bucket, items)
+    bucket.save()
 
 
 def prune_traces(keep: int = MAX_TRACES) -> None:
