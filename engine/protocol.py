@@ -15,8 +15,14 @@ class EmptyOutput(Exception):
     """The hook exited 0 but printed nothing usable."""
 
 
+# Deepest JSON nesting a reply may have: serde_json's default recursion limit, which LibreFang parses with.
+# A deeper line is "not JSON" (it falls through to the {"text": …} fallback) instead of a RecursionError here
+# or later, when the reply is validated, stored or sent on.
+MAX_JSON_DEPTH = 128
+
+
 def parse_output(stdout: str) -> Any:
-    """Scan stdout bottom-up; the first line that parses as JSON (any type) wins.
+    """Scan stdout bottom-up; the first line that parses as JSON (any type) nested at most MAX_JSON_DEPTH deep wins.
 
     No JSON line and blank stdout raises EmptyOutput; otherwise the whole stdout becomes {"text": …}.
     """
@@ -26,12 +32,29 @@ def parse_output(stdout: str) -> Any:
         if not stripped:
             continue
         try:
-            return json.loads(stripped)
-        except ValueError:
+            value = json.loads(stripped)
+        except (ValueError, RecursionError):
             continue
+        if stripped.count("[") + stripped.count("{") > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+            continue
+        return value
     if not stdout.strip():
         raise EmptyOutput("hook printed nothing on stdout")
     return {"text": "\n".join(line.rstrip() for line in lines)}
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, `[]` is 1), walked without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 # Failure kinds. Stable strings: they appear in the API, traces, metrics and the dashboard.

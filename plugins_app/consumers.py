@@ -24,6 +24,7 @@ from plugins_app.selectors import dashboard
 log = logging.getLogger("librefang.dashboard")
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
 
 
 def _authorized(scope, token: str | None) -> bool:
@@ -84,6 +85,18 @@ class StderrConsumer(AsyncWebsocketConsumer):
         import json
 
         await self.send(text_data=json.dumps({k: ln.get(k) for k in ("seq", "plugin", "hook", "line", "ts")}))
+
+
+class NotFoundConsumer(AsyncWebsocketConsumer):
+    """Any websocket path no route matches (e.g. `/ws/stderr/../../x/`): accept, then close with 4404 and a reason,
+    so the client learns why instead of the server failing the handshake with a 500."""
+
+    async def connect(self):
+        await self.accept()
+        await self.close(code=CLOSE_NOT_FOUND, reason="no such websocket route")
+
+    async def receive(self, text_data=None, bytes_data=None):
+        return
 
 
 METRICS_VIEWS = ("list", "plugin", "engine")
