@@ -2,29 +2,61 @@
 
 Jobs go into one stream with one consumer group, so any number of workers on any number of machines share them.
 A worker XACKs a job only after its outcome is stored; jobs pending on a worker whose heartbeat has stopped are
-claimed by a live worker. Blocking hooks carry a deadline and a reply key the web tier waits on.
+claimed by a live worker. Every job is signed (HMAC-SHA256, key in `$LIBREFANG_HOME/bus_key`): a worker runs
+nothing it cannot verify.
+
+Blocking hooks carry a deadline and a reply channel. Each web process (one per event loop) keeps ONE subscriber
+connection on its own reply channel and resolves waiting calls by job id, so a waiting call holds no Redis
+connection; the worker also pushes the reply onto a short-lived list, read when the subscriber was reconnecting.
+XADDs go through one writer task that pipelines whatever is queued, so a burst queues instead of exhausting a pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import logging
 import os
+import secrets
 import socket
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+log = logging.getLogger("librefang.bus")
+
 GROUP = "engine"
 HEARTBEAT_TTL_SECS = 6
-REPLY_TTL_SECS = 120
+REPLY_TTL_SECS = 60
 # A pending job idle this long is claimed even if its worker still heartbeats (it is stuck on it).
 STUCK_JOB_MS = 15 * 60 * 1000
+# A job pending on THIS worker but not being worked on (its XREADGROUP answer was lost in a Redis outage, or it
+# crashed mid-run) is taken up again once idle this long.
+OWN_ORPHAN_MS = 5000
+# Enqueue path: find out fast that Redis is gone, so the agent gets its fallback (or 503) within the deadline.
+CONNECT_TIMEOUT_SECS = 1.0
+SOCKET_TIMEOUT_SECS = 3.0
+# Jobs waiting for the writer task beyond this are refused as our own capacity limit (never silently).
+OUTBOX_MAX = 20_000
+WRITE_BATCH_MAX = 500
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class BusUnavailable(Exception):
+    """Redis could not be reached: nothing was stored."""
+
+
+class BusCapacity(Exception):
+    """Our own queue to Redis is full or too slow: nothing was stored."""
 
 
 def _key(*parts: str) -> str:
@@ -39,14 +71,75 @@ def reply_key(job_id: str) -> str:
     return _key("engine", "reply", job_id)
 
 
+def reply_channel_prefix() -> str:
+    return _key("engine", "replies") + ":"
+
+
 def heartbeat_key(worker: str) -> str:
     return _key("engine", "worker", worker)
 
 
-# redis-py 8 defaults to a 5 s socket timeout, which cuts blocking reads (BLPOP until a hook's deadline,
-# XREADGROUP BLOCK) short; blocking calls here carry their own timeouts, so reads may wait.
-CLIENT_OPTIONS = {"decode_responses": True, "socket_timeout": None, "socket_connect_timeout": 5,
+# ---- signing ----
+
+_key_cache: dict[str, bytes] = {}
+_key_lock = threading.Lock()
+
+
+def bus_key_path() -> Path:
+    configured = getattr(settings, "LIBREFANG_BUS_KEY_FILE", None) or os.environ.get("LIBREFANG_BUS_KEY_FILE")
+    return Path(configured) if configured else Path(settings.LIBREFANG_HOME) / "bus_key"
+
+
+def bus_key() -> bytes:
+    """The shared signing key; whichever process comes first creates it (0600), atomically, so all agree."""
+    path = bus_key_path()
+    cached = _key_cache.get(str(path))
+    if cached:
+        return cached
+    with _key_lock:
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        if not text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # fails if another process won the race: then use its key
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+            text = path.read_text().strip()
+        _key_cache[str(path)] = text.encode()
+        return _key_cache[str(path)]
+
+
+def _canonical(fields: dict[str, str]) -> bytes:
+    return json.dumps(sorted((k, v) for k, v in fields.items() if k != "sig"), separators=(",", ":")).encode()
+
+
+def sign(fields: dict[str, str]) -> str:
+    return hmac.new(bus_key(), _canonical(fields), hashlib.sha256).hexdigest()
+
+
+def signature_ok(fields: dict[str, str]) -> bool:
+    given = fields.get("sig") or ""
+    return bool(given) and hmac.compare_digest(given, sign(fields))
+
+
+# ---- clients ----
+
+# The sync client serves the worker (XREADGROUP blocks 1 s at most) and short commands; blocking waits in sync
+# callers are cut into slices below the socket timeout.
+CLIENT_OPTIONS = {"decode_responses": True, "socket_timeout": 10, "socket_connect_timeout": 2,
                   "socket_keepalive": True, "health_check_interval": 30}
+ASYNC_OPTIONS = {"decode_responses": True, "socket_timeout": SOCKET_TIMEOUT_SECS,
+                 "socket_connect_timeout": CONNECT_TIMEOUT_SECS, "socket_keepalive": True,
+                 "health_check_interval": 30}
 _sync_pool: redis.ConnectionPool | None = None
 _async_clients: dict[int, aredis.Redis] = {}
 
@@ -59,11 +152,13 @@ def client() -> redis.Redis:
 
 
 def aclient() -> aredis.Redis:
-    """One pooled asyncio client per event loop (daphne runs one loop; tests may run several)."""
+    """One asyncio client per event loop for short commands (health, stats); waits queue for a connection."""
     loop = asyncio.get_running_loop()
     cl = _async_clients.get(id(loop))
     if cl is None:
-        cl = aredis.Redis.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
+        pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=32,
+                                                      timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
+        cl = aredis.Redis(connection_pool=pool)
         _async_clients[id(loop)] = cl
     return cl
 
@@ -72,7 +167,7 @@ def aclient() -> aredis.Redis:
 class Job:
     id: str  # our job id (also the reply key suffix)
     entry_id: str  # the stream entry id
-    kind: str  # "hook" | "test_hook"
+    kind: str  # "hook" | "test_hook" | ...
     hook: str
     request: Any
     deadline: float  # unix time; 0 = none (fire-and-forget)
@@ -80,6 +175,8 @@ class Job:
     plugin: str = ""
     enqueued_at: float = 0.0
     deliveries: int = 1
+    reply_to: str = ""  # the web process's reply channel ("" = only the reply list)
+    signed: bool = True  # False: the entry's signature did not verify; it must never run
 
     @property
     def expired(self) -> bool:
@@ -87,10 +184,10 @@ class Job:
 
 
 def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
-            plugin: str = "") -> tuple[str, dict[str, str]]:
+            plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
     job_id = uuid.uuid4().hex
     now = time.time()
-    return job_id, {
+    fields = {
         "id": job_id,
         "kind": kind,
         "hook": hook,
@@ -98,47 +195,222 @@ def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wan
         "request": json.dumps(request),
         "deadline": repr(now + deadline_secs) if deadline_secs else "0",
         "reply": "1" if wants_reply else "0",
+        "reply_to": reply_to,
         "enqueued_at": repr(now),
     }
+    fields["sig"] = sign(fields)
+    return job_id, fields
 
 
 def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
+    signed = signature_ok(fields)
+    try:
+        request = json.loads(fields.get("request") or "null")
+        deadline = float(fields.get("deadline") or 0)
+        enqueued_at = float(fields.get("enqueued_at") or 0)
+    except ValueError:
+        request, deadline, enqueued_at, signed = None, 0.0, 0.0, False
+    reply_to = fields.get("reply_to", "")
+    if reply_to and not reply_to.startswith(reply_channel_prefix()):
+        reply_to, signed = "", False
     return Job(
         id=fields.get("id", entry_id), entry_id=entry_id, kind=fields.get("kind", "hook"),
-        hook=fields.get("hook", ""), request=json.loads(fields.get("request") or "null"),
-        deadline=float(fields.get("deadline") or 0), wants_reply=fields.get("reply") == "1",
-        plugin=fields.get("plugin", ""), enqueued_at=float(fields.get("enqueued_at") or 0), deliveries=deliveries,
+        hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
+        plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
+        signed=signed,
     )
 
 
 # ---- web tier (async) ----
 
-async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "") -> str:
-    """Fire-and-forget: processed at least once, even across a worker crash."""
+class _Hub:
+    """Per event loop: the writer task that pipelines XADDs and the one subscriber that resolves waiting calls."""
+
+    def __init__(self) -> None:
+        self.channel = reply_channel_prefix() + f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=16,
+                                                      timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
+        self.r = aredis.Redis(connection_pool=pool)
+        self.outbox: asyncio.Queue[tuple[dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
+        self.waiters: dict[str, asyncio.Future] = {}
+        self.delivered: list[str] = []  # reply lists to delete (their reply already came by the channel)
+        self.subscribed = False
+        self.last_error: str = ""
+        self._tasks: list[asyncio.Task] = []
+
+    def ensure_running(self) -> None:
+        if not self._tasks or any(t.done() for t in self._tasks):
+            for t in self._tasks:
+                t.cancel()
+            self._tasks = [asyncio.ensure_future(self._write_loop()), asyncio.ensure_future(self._listen_loop())]
+
+    # -- writing --
+
+    async def xadd(self, fields: dict[str, str], timeout: float) -> str:
+        self.ensure_running()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        try:
+            self.outbox.put_nowait((fields, fut))
+        except asyncio.QueueFull:
+            raise BusCapacity(f"{OUTBOX_MAX} jobs already waiting to be stored") from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            fut.cancel()  # the writer skips it: never stored after we said it was not
+            if self.last_error:
+                raise BusUnavailable(self.last_error) from None
+            raise BusCapacity(f"job not stored within {timeout:.1f}s ({self.outbox.qsize()} queued)") from None
+
+    async def _write_loop(self) -> None:
+        while True:
+            batch = [await self.outbox.get()]
+            while len(batch) < WRITE_BATCH_MAX and not self.outbox.empty():
+                batch.append(self.outbox.get_nowait())
+            batch = [(f, fut) for f, fut in batch if not fut.done()]
+            if not batch:
+                continue
+            try:
+                pipe = self.r.pipeline(transaction=False)
+                for fields, _ in batch:
+                    pipe.xadd(stream_key(), fields)
+                ids = await pipe.execute()
+                self.last_error = ""
+            except Exception as exc:  # Redis down or refusing: each caller hears why, nothing is retried for it
+                self.last_error = f"Redis unreachable ({type(exc).__name__}: {exc})"
+                err = BusUnavailable(self.last_error) if isinstance(exc, REDIS_DOWN) else exc
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                        fut.exception()  # marks it retrieved even if the caller already gave up
+                continue
+            for (_, fut), entry_id in zip(batch, ids, strict=True):
+                if not fut.done():
+                    fut.set_result(entry_id)
+
+    # -- replies --
+
+    def deliver(self, job_id: str, raw: str) -> None:
+        fut = self.waiters.get(job_id)
+        if fut is not None and not fut.done():
+            fut.set_result(json.loads(raw))
+
+    async def _sweep(self) -> None:
+        """Replies pushed while we were not subscribed are in their lists."""
+        ids = [job_id for job_id, fut in self.waiters.items() if not fut.done()]
+        for start in range(0, len(ids), 200):
+            chunk = ids[start:start + 200]
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.lpop(reply_key(job_id))
+            for job_id, raw in zip(chunk, await pipe.execute(), strict=True):
+                if raw:
+                    self.deliver(job_id, raw)
+
+    async def _drop_delivered(self) -> None:
+        keys, self.delivered = self.delivered, []
+        if keys:
+            await self.r.unlink(*keys)
+
+    async def _listen_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self.subscribed, backoff = True, 0.1
+                await self._sweep()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        job_id, _, raw = msg["data"].partition("\n")
+                        self.deliver(job_id, raw)
+                        self.delivered.append(reply_key(job_id))
+                    if len(self.delivered) >= 200 or (msg is None and self.delivered):
+                        await self._drop_delivered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.subscribed:
+                    log.warning("reply listener lost Redis (%s); reconnecting", exc)
+                self.subscribed = False
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+            finally:
+                self.subscribed = False
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+
+    async def wait(self, job_id: str, fut: asyncio.Future, timeout: float) -> dict | None:
+        try:
+            return await asyncio.wait_for(fut, max(0.01, timeout))
+        except TimeoutError:
+            try:  # last chance: a reply published while the listener was reconnecting
+                raw = await self.r.lpop(reply_key(job_id))
+            except Exception:
+                raw = None
+            return json.loads(raw) if raw else None
+
+
+_hubs: dict[int, _Hub] = {}
+
+
+def _hub() -> _Hub:
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(id(loop))
+    if hub is None or getattr(hub, "_loop", None) is not loop:
+        for key, old in list(_hubs.items()):  # hubs of loops that are gone (async_to_sync in commands, tests)
+            if old._loop.is_closed():  # type: ignore[attr-defined]
+                del _hubs[key]
+        hub = _Hub()
+        hub._loop = loop  # type: ignore[attr-defined]
+        _hubs[id(loop)] = hub
+    return hub
+
+
+async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "",
+                  store_within: float = 5.0) -> str:
+    """Fire-and-forget: once this returns the job is in Redis and is processed at least once.
+    Raises BusUnavailable / BusCapacity when it could not be stored."""
     job_id, fields = _fields(kind, hook, request, None, False, plugin)
-    await aclient().xadd(stream_key(), fields)
+    await _hub().xadd(fields, store_within)
     return job_id
 
 
 async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: str = "hook",
                           plugin: str = "", deadline_secs: float | None = None) -> dict | None:
-    """Enqueue a blocking job and wait for its reply; None when no reply came within `wait_secs`."""
-    job_id, fields = _fields(kind, hook, request, deadline_secs or wait_secs, True, plugin)
-    r = aclient()
-    await r.xadd(stream_key(), fields)
-    got = await r.blpop([reply_key(job_id)], timeout=max(0.01, wait_secs))
-    if got is None:
-        return None
-    return json.loads(got[1])
+    """Enqueue a blocking job and wait for its reply; None when no reply came within `wait_secs`.
+    Raises BusUnavailable / BusCapacity when the job could not be stored."""
+    hub = _hub()
+    hub.ensure_running()
+    job_id, fields = _fields(kind, hook, request, deadline_secs or wait_secs, True, plugin, reply_to=hub.channel)
+    started = time.monotonic()
+    fut: asyncio.Future = asyncio.get_running_loop().create_future()
+    hub.waiters[job_id] = fut
+    try:
+        await hub.xadd(fields, wait_secs)
+        return await hub.wait(job_id, fut, wait_secs - (time.monotonic() - started))
+    finally:
+        hub.waiters.pop(job_id, None)
 
 
 def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *, plugin: str = "") -> dict | None:
     """The blocking form of submit_and_wait, for sync callers (routes that run in a thread, commands)."""
     job_id, fields = _fields(kind, hook, request, wait_secs, True, plugin)
     r = client()
-    r.xadd(stream_key(), fields)
-    got = r.blpop([reply_key(job_id)], timeout=max(0.01, wait_secs))
-    return json.loads(got[1]) if got else None
+    try:
+        r.xadd(stream_key(), fields)
+    except REDIS_DOWN as exc:
+        raise BusUnavailable(f"Redis unreachable ({type(exc).__name__}: {exc})") from exc
+    end = time.monotonic() + wait_secs
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        got = r.blpop([reply_key(job_id)], timeout=max(0.01, min(left, 5.0)))
+        if got:
+            return json.loads(got[1])
 
 
 def worker_alive() -> bool:
@@ -147,12 +419,17 @@ def worker_alive() -> bool:
 
 
 async def live_workers() -> list[dict]:
+    """Heartbeats of live workers, each with `heartbeat_age_secs` (how long since it last beat)."""
     r = aclient()
     out = []
+    now = time.time()
     async for key in r.scan_iter(match=heartbeat_key("*"), count=100):
         raw = await r.get(key)
         if raw:
-            out.append(json.loads(raw))
+            info = json.loads(raw)
+            if info.get("beat_at"):
+                info["heartbeat_age_secs"] = round(max(0.0, now - float(info["beat_at"])), 2)
+            out.append(info)
     return out
 
 
@@ -164,22 +441,38 @@ async def ping() -> bool:
 
 
 async def queue_stats() -> dict:
+    """Stream length, the group's pending (delivered, not yet acked) and lag (not yet delivered) counts."""
     r = aclient()
     try:
         length = await r.xlen(stream_key())
-        pending = await r.xpending(stream_key(), GROUP)
+        groups = await r.xinfo_groups(stream_key())
     except redis.ResponseError:
-        return {"length": 0, "pending": 0}
-    return {"length": length, "pending": pending.get("pending", 0) if isinstance(pending, dict) else 0}
+        return {"length": 0, "pending": 0, "lag": 0}
+    group = next((g for g in groups if g.get("name") == GROUP), None)
+    if group is None:
+        return {"length": length, "pending": 0, "lag": length}
+    lag = group.get("lag")
+    return {"length": length, "pending": int(group.get("pending") or 0),
+            "lag": int(lag) if lag is not None else length}
 
 
 # ---- worker side (sync; runs in the worker process) ----
+
+@dataclass
+class _Deferred:
+    """Outcomes a worker could not hand to Redis (it was down): sent when it is back."""
+    replies: list[tuple[Job, dict]] = field(default_factory=list)
+    acks: list[Job] = field(default_factory=list)
+
 
 class JobStream:
     def __init__(self, consumer: str | None = None, r: redis.Redis | None = None):
         self.r = r or client()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stream = stream_key()
+        self.holding: set[str] = set()  # entry ids read or claimed by us and not acked yet
+        self._lock = threading.Lock()
+        self._deferred = _Deferred()
 
     def ensure_group(self) -> None:
         try:
@@ -188,11 +481,21 @@ class JobStream:
             if "BUSYGROUP" not in str(exc):
                 raise
 
+    def _hold(self, jobs: list[Job]) -> list[Job]:
+        with self._lock:
+            self.holding.update(j.entry_id for j in jobs)
+        return jobs
+
+    def release(self, job: Job) -> None:
+        """The job is no longer ours to finish (it crashed): it may be taken up again."""
+        with self._lock:
+            self.holding.discard(job.entry_id)
+
     def read(self, count: int, block_ms: int) -> list[Job]:
         try:
             resp = self.r.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
         except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
+            if "NOGROUP" in str(exc):  # Redis came back empty: the group is gone
                 self.ensure_group()
                 return []
             raise
@@ -201,10 +504,10 @@ class JobStream:
             for entry_id, fields in entries:
                 if fields:
                     jobs.append(_parse(entry_id, fields))
-        return jobs
+        return self._hold(jobs)
 
     def reclaim(self) -> list[Job]:
-        """Claim jobs pending on workers that stopped heartbeating (and jobs stuck far too long)."""
+        """Claim jobs pending on workers that stopped heartbeating, our own orphans, and jobs stuck far too long."""
         claimed: list[Job] = []
         try:
             summary = self.r.xpending(self.stream, GROUP)
@@ -212,41 +515,112 @@ class JobStream:
             return claimed
         for info in summary.get("consumers") or []:
             name = info["name"]
-            if name == self.consumer or self.r.exists(heartbeat_key(name)):
+            if name == self.consumer:
+                claimed += self._claim_orphans()
+                continue
+            if self.r.exists(heartbeat_key(name)):
                 continue
             while True:
                 pending = self.r.xpending_range(self.stream, GROUP, min="-", max="+", count=100, consumername=name)
                 if not pending:
                     break
-                ids = [p["message_id"] for p in pending]
-                counts = {p["message_id"]: p["times_delivered"] for p in pending}
-                for entry_id, fields in self.r.xclaim(self.stream, GROUP, self.consumer, 0, ids):
-                    if fields:
-                        claimed.append(_parse(entry_id, fields, counts.get(entry_id, 1) + 1))
-                    else:  # the entry was deleted but not acked
-                        self.r.xack(self.stream, GROUP, entry_id)
+                claimed += self._claim(pending, 0)
             self.r.xgroup_delconsumer(self.stream, GROUP, name)
         _next, entries, *_ = self.r.xautoclaim(self.stream, GROUP, self.consumer, STUCK_JOB_MS, "0-0", count=100)
-        for entry_id, fields in entries:
+        with self._lock:
+            entries = [(e, f) for e, f in entries if e not in self.holding]
+        claimed += [_parse(e, f, 2) for e, f in entries if f]
+        return self._hold(claimed)
+
+    def _claim_orphans(self) -> list[Job]:
+        pending = self.r.xpending_range(self.stream, GROUP, min="-", max="+", count=100,
+                                        consumername=self.consumer, idle=OWN_ORPHAN_MS)
+        with self._lock:
+            pending = [p for p in pending if p["message_id"] not in self.holding]
+        return self._claim(pending, OWN_ORPHAN_MS) if pending else []
+
+    def _claim(self, pending: list[dict], min_idle_ms: int) -> list[Job]:
+        ids = [p["message_id"] for p in pending]
+        counts = {p["message_id"]: p["times_delivered"] for p in pending}
+        out = []
+        for entry_id, fields in self.r.xclaim(self.stream, GROUP, self.consumer, min_idle_ms, ids):
             if fields:
-                claimed.append(_parse(entry_id, fields, 2))
-        return claimed
+                out.append(_parse(entry_id, fields, counts.get(entry_id, 1) + 1))
+            else:  # the entry was deleted but not acked
+                self.r.xack(self.stream, GROUP, entry_id)
+        return out
 
     def reply(self, job: Job, payload: dict) -> None:
+        """Hand the reply to the waiting web process; kept for later if Redis is unreachable."""
+        try:
+            self._send_reply(job, json.dumps(payload))
+        except REDIS_DOWN:
+            log.warning("Redis unreachable: reply to job %s deferred", job.id)
+            with self._lock:
+                self._deferred.replies.append((job, payload))
+
+    def _send_reply(self, job: Job, data: str) -> None:
         key = reply_key(job.id)
-        pipe = self.r.pipeline()
-        pipe.rpush(key, json.dumps(payload))
+        pipe = self.r.pipeline()  # MULTI: the list and the message appear together
+        pipe.rpush(key, data)
         pipe.expire(key, REPLY_TTL_SECS)
+        if job.reply_to:
+            pipe.publish(job.reply_to, f"{job.id}\n{data}")
         pipe.execute()
 
-    def ack(self, job: Job) -> None:
-        pipe = self.r.pipeline()
-        pipe.xack(self.stream, GROUP, job.entry_id)
-        pipe.xdel(self.stream, job.entry_id)
-        pipe.execute()
+    def ack(self, job: Job) -> bool:
+        """XACK + XDEL. If Redis is unreachable the ack is kept and retried (the outcome is already stored, so a
+        redelivery meanwhile is recognised as a duplicate)."""
+        try:
+            self._send_ack(job)
+        except REDIS_DOWN:
+            log.warning("Redis unreachable: ack of job %s deferred", job.id)
+            with self._lock:
+                self._deferred.acks.append(job)
+            return False
+        with self._lock:
+            self.holding.discard(job.entry_id)
+        return True
+
+    def _send_ack(self, job: Job) -> None:
+        try:
+            pipe = self.r.pipeline()
+            pipe.xack(self.stream, GROUP, job.entry_id)
+            pipe.xdel(self.stream, job.entry_id)
+            pipe.execute()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):  # Redis came back empty: nothing left to ack
+                raise
+
+    def deferred_count(self) -> int:
+        with self._lock:
+            return len(self._deferred.replies) + len(self._deferred.acks)
+
+    def flush_deferred(self) -> None:
+        """Send replies and acks kept during an outage; raises (keeping the rest) while Redis is still down."""
+        with self._lock:
+            if not self._deferred.replies and not self._deferred.acks:
+                return
+            pending, self._deferred = self._deferred, _Deferred()
+        try:
+            while pending.replies:
+                job, payload = pending.replies[0]
+                if not job.deadline or time.time() < job.deadline + REPLY_TTL_SECS:
+                    self._send_reply(job, json.dumps(payload))
+                pending.replies.pop(0)
+            while pending.acks:
+                self._send_ack(pending.acks[0])
+                with self._lock:
+                    self.holding.discard(pending.acks[0].entry_id)
+                pending.acks.pop(0)
+        finally:
+            with self._lock:
+                self._deferred.replies[:0] = pending.replies
+                self._deferred.acks[:0] = pending.acks
 
     def heartbeat(self, info: dict) -> None:
-        self.r.set(heartbeat_key(self.consumer), json.dumps({"worker": self.consumer, **info}), ex=HEARTBEAT_TTL_SECS)
+        self.r.set(heartbeat_key(self.consumer),
+                   json.dumps({"worker": self.consumer, "beat_at": time.time(), **info}), ex=HEARTBEAT_TTL_SECS)
 
     def retire(self) -> None:
         self.r.delete(heartbeat_key(self.consumer))

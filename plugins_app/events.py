@@ -117,22 +117,53 @@ class StderrPublisher:
                     batch.append(self._q.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                loop.run_until_complete(self._publish(layer, r, batch))
-            except Exception:  # Redis hiccup: count the lines as dropped, keep serving
-                log.exception("publishing %d stderr lines failed", len(batch))
-                r_dropped = len(batch)
+            self._publish_with_retry(loop, layer, r, batch)
+
+    def _publish_with_retry(self, loop: asyncio.AbstractEventLoop, layer: Any, r: Any, batch: list[dict]) -> None:
+        """Redis down: keep the batch and retry with a capped backoff (0.1 s doubling to 2 s) while new lines
+        queue up (beyond QUEUE_MAX they are counted as dropped); another error drops the batch, counted."""
+        delay = 0.0
+        try:
+            while True:
                 try:
-                    r.incrby(_dropped_key(), r_dropped)
+                    loop.run_until_complete(self._publish(layer, r, batch))
+                    if delay:
+                        log.warning("stderr publisher: Redis is back")
+                    return
+                except bus.REDIS_DOWN as exc:
+                    if not delay:
+                        log.warning("stderr publisher: Redis unreachable (%s); holding %d line(s)", exc, len(batch))
+                    delay = min(2.0, delay * 2 or 0.1)
+                    time.sleep(delay)
                 except Exception:
-                    pass
-            finally:
-                for _ in batch:
-                    self._q.task_done()
+                    log.exception("publishing %d stderr lines failed", len(batch))
+                    with self._lock:
+                        self._dropped += len(batch)
+                    return
+        finally:
+            for _ in batch:
+                self._q.task_done()
 
     async def _publish(self, layer: Any, r: Any, batch: list[dict]) -> None:
         with self._lock:
             dropped, self._dropped = self._dropped, 0
+        try:
+            self._store_tail(r, batch, dropped)
+        except BaseException:
+            with self._lock:
+                self._dropped += dropped
+            raise
+        by_plugin: dict[str, list[dict]] = {}
+        for item in batch:
+            by_plugin.setdefault(item["plugin"], []).append(item)
+        try:  # the lines are in the tail already: a browser that missed them live re-reads them there
+            for plugin, lines in by_plugin.items():
+                await layer.group_send(stderr_group(plugin), {"type": "stderr.lines", "lines": lines})
+            await layer.group_send(stderr_group(None), {"type": "stderr.lines", "lines": batch})
+        except Exception as exc:
+            log.warning("live stderr not pushed to browsers (%s); kept in the tail", exc)
+
+    def _store_tail(self, r: Any, batch: list[dict], dropped: int) -> None:
         last = r.incrby(_seq_key(), len(batch))
         first_seq = last - len(batch) + 1
         pipe = r.pipeline()
@@ -148,9 +179,6 @@ class StderrPublisher:
         if dropped:
             pipe.incrby(_dropped_key(), dropped)
         pipe.execute()
-        for plugin, lines in by_plugin.items():
-            await layer.group_send(stderr_group(plugin), {"type": "stderr.lines", "lines": lines})
-        await layer.group_send(stderr_group(None), {"type": "stderr.lines", "lines": batch})
 
 
 _publisher: StderrPublisher | None = None

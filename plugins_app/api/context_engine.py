@@ -73,15 +73,21 @@ def _make_hook_route(hook: str):
     responses = {202: Accepted} if fire_and_forget else {200: HookReply}
     responses.update({400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 413: ErrorEnvelope,
                       502: ErrorEnvelope})
+    if fire_and_forget:  # not stored because Redis is unreachable (Retry-After says when to send it again)
+        responses[503] = ErrorEnvelope
 
     async def call(request: HttpRequest, body: schema):  # type: ignore[valid-type]
         data = validated(hook, parse_body(request))
-        status, reply = await hook_service.call_hook(hook, data)
-        return json_response(reply, status)
+        status, reply, headers = await hook_service.call_hook(hook, data)
+        response = json_response(reply, status)
+        for name, value in headers.items():
+            response[name] = value
+        return response
 
     call.__name__ = f"hook_{hook}"
     call.__doc__ = (f"Agent call for the `{hook}` hook. " + (
-        "Answered 202 at once; processed at least once by a worker." if fire_and_forget else
+        "Answered 202 once the job is stored; processed at least once by a worker. 503 with Retry-After when the "
+        "job bus is unreachable (nothing stored: send it again)." if fire_and_forget else
         "The final result after stack and fallback, with `source` and `fallback_reason`."))
     router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=AGENT, response=responses,
                              operation_id=f"hook_{hook}")

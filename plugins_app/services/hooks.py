@@ -16,52 +16,84 @@ from plugins_app.services.engine import get_engine
 log = logging.getLogger("librefang.hooks")
 # Extra wait beyond the plugin's own timeout, so the worker's classified failure (not our guess) comes back.
 REPLY_MARGIN_SECS = 0.5
+# How long a fire-and-forget call may wait for its job to be stored before the agent is told to retry.
+STORE_WITHIN_SECS = 5.0
+# What an agent is told to wait before retrying a fire-and-forget call that could not be stored.
+RETRY_AFTER_SECS = 2
+# fallback_reason prefixes of our own making (not a plugin's failure)
+BUS_UNAVAILABLE = "bus_unavailable"
+CAPACITY = "capacity"
 
 
-async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(status, body) for an agent's hook call."""
+async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, extra headers) for an agent's hook call."""
     engine = get_engine()
     if hook in H.FIRE_AND_FORGET_HOOKS:
-        job_id = await bus.enqueue(hook, request)
-        return 202, {"accepted": True, "job_id": job_id, "hook": hook}
+        return await _enqueue(hook, request)
     deadline = await sync_to_async(engine.deadline_secs, thread_sensitive=False)(hook)
     started = time.monotonic()
     try:
         reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline)
         reason = f"{P.DEADLINE_EXCEEDED}: no worker answered within {deadline:g}s"
-    except Exception as exc:  # Redis down: the agent still gets an answer
+    except bus.BusUnavailable as exc:  # the agent still gets an answer, and is told why it is the default one
         log.warning("bus unavailable for %s: %s", hook, exc)
-        reply, reason = None, f"{P.WORKER_UNAVAILABLE}: job bus unreachable ({type(exc).__name__})"
+        reply, reason = None, f"{BUS_UNAVAILABLE}: {exc}"
+    except bus.BusCapacity as exc:
+        log.warning("bus at capacity for %s: %s", hook, exc)
+        reply, reason = None, f"{CAPACITY}: {exc}"
+    except Exception as exc:  # Redis refused the command (out of memory, read-only replica…): still an answer
+        log.warning("bus error for %s: %s", hook, exc)
+        reply, reason = None, f"{BUS_UNAVAILABLE}: Redis refused the job ({type(exc).__name__}: {exc})"
     if reply is not None and reply.get("aborted"):
         # on_hook_failure = "abort": the agent gets an error, not a fallback (LibreFang aborts the turn)
         err = reply.get("error") or {}
         return 502, {"error": {"code": "hook_aborted",
                                "message": f"{err.get('plugin', 'a plugin')} failed its {hook} hook and its "
                                           f"on_hook_failure policy is abort: {err.get('message', '')}".strip(),
-                               "details": {**err, "trace_ids": reply.get("trace_ids", [])}}}
+                               "details": {**err, "trace_ids": reply.get("trace_ids", [])}}}, {}
     if reply is not None and "_engine_error" not in reply:
-        return 200, reply
+        return 200, reply, {}
     if reply is not None:
         reason = f"engine_error: {reply['_engine_error']}"
     fallback = await sync_to_async(engine.default, thread_sensitive=False)(hook, request, reason)
     body = fallback.to_dict()
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
-    return 200, body
+    return 200, body, {}
+
+
+async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """202 only once the job is in Redis; otherwise 503 + Retry-After so the agent sends it again."""
+    try:
+        job_id = await bus.enqueue(hook, request, store_within=STORE_WITHIN_SECS)
+    except Exception as exc:  # nothing stored, whatever the reason: never a 202, never a 500
+        unavailable = not isinstance(exc, bus.BusCapacity)
+        log.warning("%s not accepted: %s", hook, exc)
+        code = BUS_UNAVAILABLE if unavailable else CAPACITY
+        message = (f"The job bus (Redis) is unreachable, so this {hook} call was not stored; retry later."
+                   if unavailable else f"Too many jobs are waiting to be stored; this {hook} call was not stored.")
+        body = {"error": {"code": code, "message": message,
+                          "details": {"cause": str(exc), "retry_after_secs": RETRY_AFTER_SECS}}}
+        return 503, body, {"Retry-After": str(RETRY_AFTER_SECS)}
+    return 202, {"accepted": True, "job_id": job_id, "hook": hook}, {}
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
+            "error": {"kind": kind, "message": message}}
 
 
 async def test_hook(plugin: str, hook: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one plugin's hook through a worker, whatever the active configuration."""
+    """Run one plugin's hook through a worker, whatever the active configuration (never a disabled plugin)."""
     try:
         reply = await bus.submit_and_wait(hook, request, timeout + REPLY_MARGIN_SECS + 1, kind="test_hook",
                                           plugin=plugin, deadline_secs=timeout + 1)
-    except Exception as exc:  # Redis down: say so instead of failing the request
+    except Exception as exc:  # Redis down or refusing: say so instead of failing the request
         log.warning("bus unavailable for test-hook %s.%s: %s", plugin, hook, exc)
-        return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
-                "error": {"kind": P.WORKER_UNAVAILABLE, "message": f"job bus unreachable ({type(exc).__name__})"}}
+        return _error(P.WORKER_UNAVAILABLE, f"job bus unreachable: {exc}")
     if reply is None:
-        return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
-                "error": {"kind": P.WORKER_UNAVAILABLE, "message": f"no worker answered within {timeout:g}s"}}
+        return _error(P.WORKER_UNAVAILABLE, f"no worker answered within {timeout:g}s")
     if "_engine_error" in reply:
-        return {"ok": False, "reply": None, "stderr": "", "elapsed_ms": None, "trace_id": None,
-                "error": {"kind": "engine_error", "message": reply["_engine_error"]}}
+        message = str(reply["_engine_error"])
+        kind = P.PLUGIN_DISABLED if message.startswith(P.PLUGIN_DISABLED) else "engine_error"
+        return _error(kind, message)
     return reply

@@ -7,16 +7,30 @@ import time
 
 from django.db import IntegrityError, close_old_connections
 
+from engine import protocol as P
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord
+from plugins_app.services import audit
 from plugins_app.services.engine import get_engine
 
 log = logging.getLogger("librefang.worker")
 
 
+# A job that crashed its worker this many times is recorded as failed instead of being tried forever.
+MAX_DELIVERIES = 5
+REJECTED = "rejected"
+
+
 def process(job: Job, stream: JobStream) -> str:
     """Run a job, reply if asked, store its outcome, then XACK. Returns the outcome state."""
     close_old_connections()
+    if not job.signed:
+        # Anything on the stream we did not sign (forged by whoever reached Redis, or tampered with) never runs.
+        return _reject(job, stream, "signature missing or invalid")
+    if job.deliveries > MAX_DELIVERIES and not JobRecord.objects.filter(job_id=job.id).exists():
+        _store(job, JobRecord.State.FAILED, "", f"gave up after {job.deliveries - 1} deliveries", stream)
+        stream.ack(job)
+        return JobRecord.State.FAILED
     if job.deliveries > 1 and JobRecord.objects.filter(job_id=job.id).exists():
         # Delivered again after a crash between storing the outcome and XACK: the work is already done.
         # (A first delivery cannot have been processed before, so it skips this query on the hot path.)
@@ -27,6 +41,9 @@ def process(job: Job, stream: JobStream) -> str:
         stream.ack(job)
         return JobRecord.State.EXPIRED
     engine = get_engine()
+    if job.plugin and job.kind in PLUGIN_HOOK_KINDS and not _plugin_enabled(engine, job.plugin):
+        # Checked here, at run time, whoever queued the job: a disabled plugin's code never runs.
+        return _refuse_disabled(job, stream)
     try:
         if job.kind == "test_hook":
             attempt = engine.test_hook(job.plugin, job.hook, job.request or {})
@@ -64,6 +81,35 @@ def process(job: Job, stream: JobStream) -> str:
     _store(job, JobRecord.State.DONE, source, reason, stream)
     stream.ack(job)
     return JobRecord.State.DONE
+
+
+PLUGIN_HOOK_KINDS = ("hook", "test_hook")
+
+
+def _plugin_enabled(engine, name: str) -> bool:
+    catalog = engine.catalog
+    return catalog.exists(name) and bool(catalog.get(name).enabled)
+
+
+def _refuse_disabled(job: Job, stream: JobStream) -> str:
+    reason = f"{P.PLUGIN_DISABLED}: plugin {job.plugin!r} is disabled or not installed"
+    log.warning("job %s (%s) refused: %s", job.id, job.hook, reason)
+    if job.wants_reply:
+        stream.reply(job, {"_engine_error": reason})
+    _store(job, JobRecord.State.FAILED, job.plugin, reason, stream)
+    stream.ack(job)
+    return JobRecord.State.FAILED
+
+
+def _reject(job: Job, stream: JobStream, why: str) -> str:
+    """Drop (XACK + XDEL) an entry we will not run, and leave a trace of it in the log and the audit trail."""
+    details = {"entry_id": job.entry_id, "kind": job.kind[:40], "hook": job.hook[:40], "plugin": job.plugin[:128],
+               "why": why}
+    log.error("dropped job stream entry %s: %s (%s)", job.entry_id, why, details)
+    stream.ack(job)
+    audit.record(f"worker:{stream.consumer}", "bus.job_rejected", job.plugin or job.hook, ok=False,
+                 details=details)
+    return REJECTED
 
 
 def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) -> None:
