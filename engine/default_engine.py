@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from engine.ports import MemoryStore, Summarizer
+
+log = logging.getLogger("librefang.engine")
 
 CHARS_PER_TOKEN = 4
 TOOL_RESULT_TRUNCATE_CHARS = 2000
@@ -18,6 +21,48 @@ def ingest(request: dict, memory: MemoryStore, max_recall_results: int = 5) -> d
     except Exception:  # recall trouble must never cost the agent its turn
         memories = []
     return {"type": "ingest_result", "memories": memories}
+
+
+INTERACTION_MAX_CHARS = 2000
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        return " ".join(str(b.get("text", "")).strip() for b in content
+                        if isinstance(b, dict) and b.get("type") == "text" and b.get("text")).strip()
+    return ""
+
+
+def interaction_text(messages: list[dict], max_chars: int = INTERACTION_MAX_CHARS) -> str:
+    """The turn as one memory: the last user message and the assistant's text after it ("" when there is none).
+    Tool calls and results are left out: they are bulky and the assistant's answer says what came of them."""
+    msgs = [m for m in messages if isinstance(m, dict)]
+    last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user" and _text_of(m)), default=None)
+    if last_user is None:
+        return ""
+    said = _text_of(msgs[last_user])
+    answer = " ".join(t for t in (_text_of(m) for m in msgs[last_user + 1:] if m.get("role") == "assistant") if t)
+    text = f"User: {said}" + (f"\nAssistant: {answer}" if answer else "")
+    return text[:max_chars]
+
+
+def after_turn(request: dict, memory: MemoryStore) -> dict:
+    """LibreFang's agent loop remembers every interaction in its memory substrate at the end of a turn
+    (`remember_interaction`, before any after_turn hook runs), so the default recall finds earlier turns. Here the
+    turn is stored in the memory store; a failing store never costs the turn."""
+    text = interaction_text(request.get("messages") or [])
+    if not text:
+        return {"type": "ok", "memories_stored": 0}
+    try:
+        memory.remember(str(request.get("agent_id") or ""), request.get("peer_id"), text, scope="interaction",
+                        source="default")
+    except Exception:
+        log.warning("remembering the turn of agent %r failed", request.get("agent_id"), exc_info=True)
+        return {"type": "ok", "memories_stored": 0}
+    return {"type": "ok", "memories_stored": 1}
 
 
 def estimate_tokens(messages: list[dict], system_prompt: str = "") -> int:

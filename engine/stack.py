@@ -462,6 +462,8 @@ class ContextEngine:
             if a.ok and isinstance(a.reply, dict):
                 stored += self._apply_after_turn_reply(a, req, chain, cfg, job_id)
         ok = [a for a in attempts if a.ok]
+        if not ok:  # the default engine answered: it remembers the turn (engine/default_engine.py after_turn)
+            D.after_turn(req, self.deps.memory)
         return EngineReply({"type": "ok", "memories_stored": stored}, ",".join(a.plugin for a in ok) or "default",
                            self._reason(attempts), self._trace_ids(attempts))
 

@@ -327,3 +327,37 @@ class PluginHealthOut(Open):
     active: bool
     hook_stats: dict[str, dict[str, Any]]
     recent_traces: list[dict[str, Any]]
+
+
+# ---- memories (the default engine's memory store) ----
+
+class MemoryIn(Schema):
+    agent_id: str = Field(min_length=1, max_length=200)
+    peer_id: str | None = Field(None, max_length=200)
+    content: str = Field(min_length=1, max_length=20_000)
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
+
+
+class MemoryOut(Open):
+    id: int
+    agent_id: str
+    peer_id: str | None
+    content: str
+    scope: str
+    tags: list[str]
+    source: str
+    created_at: str
+    score: float | None = None
+
+
+class MemoryListOut(Schema):
+    items: list[MemoryOut]
+    total: int
+    offset: int
+    limit: int
+    query: str | None
+
+
+class MemoryDeleteOut(Open):
+    deleted: int
+    agent_id: str

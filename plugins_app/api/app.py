@@ -1,6 +1,6 @@
 from ninja import NinjaAPI
 
-from plugins_app.api import context_engine, fallback, health
+from plugins_app.api import context_engine, fallback, health, memories
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.errors import install_handlers
@@ -49,4 +49,5 @@ api.add_router("/", health.router)
 api.add_router("/context-engine", context_engine.router)
 api.add_router("/plugins", plugins_api.router)
 api.add_router("/tools", tools_api.router)
+api.add_router("/memories", memories.router)
 api.add_router("/", fallback.router)  # keep last: JSON 404 for unknown /api/ paths

@@ -1,6 +1,8 @@
 """The default engine's DB memory store: real full-text recall (SQLite FTS5 here; PostgreSQL when DATABASE_URL
 points at one: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/pytest tests/app/test_memory.py`)."""
 
+import json
+
 import pytest
 from django.db import connection
 
@@ -81,3 +83,101 @@ def test_it_keeps_the_index_in_sync_on_update_and_delete(store):
 
 def test_query_terms_drop_stopwords_and_duplicates():
     assert query_terms("The cat and THE cat sat on a mat") == ["cat", "sat", "mat"]
+
+
+def test_it_scores_relevance_between_0_and_1_even_in_a_tiny_store(store):
+    # one memory: bm25's IDF is ~0 here, the score must still say "this matched"
+    store.remember("a1", None, "The staging database lives on host db-7")
+    (only,) = store.recall("a1", None, "the staging database?", 5)
+    assert 0.5 <= only["score"] <= 1.0
+
+
+def test_it_scores_a_memory_holding_more_of_the_query_higher(store):
+    store.remember("a1", None, "Kafka topics are partitioned")
+    store.remember("a1", None, "Kafka consumer lag alert fires at 10k messages on the orders topic")
+    store.remember("a1", None, "Lunch is at noon")
+    rows = store.recall("a1", None, "kafka consumer lag on orders", 5)
+    assert contents(rows) == ["Kafka consumer lag alert fires at 10k messages on the orders topic",
+                              "Kafka topics are partitioned"]
+    best, other = rows
+    assert 0 < other["score"] < best["score"] <= 1.0
+    assert other["score"] <= 0.5  # one word in four
+
+
+def test_it_remembers_a_redelivered_turn_once(store):
+    assert store.remember("a1", "u1", "User: hi\nAssistant: hello", scope="interaction") is not None
+    assert store.remember("a1", "u1", "User: hi\nAssistant: hello", scope="interaction") is None
+    assert store.remember("a1", "u2", "User: hi\nAssistant: hello", scope="interaction") is not None
+    assert Memory.objects.count() == 2
+
+
+# ---- the default engine remembers, and the memory API (in-process; tests/e2e/test_default_memory.py runs the same
+# round trip through a real worker) ----
+
+TURN = [{"role": "user", "content": "Our Kafka cluster runs on three brokers in eu-west"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Noted: three Kafka brokers in eu-west."}]}]
+
+
+@pytest.fixture
+def api(client, home):
+    from plugins_app.models import Role
+    from plugins_app.services.tokens import create_token
+
+    tokens = {role: create_token(role, role)[1] for role in (Role.OWNER, Role.ADMIN, Role.VIEWER, Role.AGENT)}
+
+    def request(method, path, body=None, role="agent", **extra):
+        kw = {"HTTP_AUTHORIZATION": f"Bearer {tokens[role]}"}
+        fn = getattr(client, method.lower())
+        if body is None:
+            return fn("/api" + path, **kw, **extra)
+        return fn("/api" + path, data=json.dumps(body), content_type="application/json", **kw, **extra)
+    return request
+
+
+def test_it_recalls_a_default_mode_turn_with_a_score_then_lists_and_deletes_it(api, home):
+    from plugins_app.services.engine import get_engine
+
+    engine = get_engine()
+    assert engine.chain() == []  # no plugin configured: the default engine answers
+    engine.handle("after_turn", {"agent_id": "agent-7", "peer_id": "u1", "messages": TURN})
+    engine.handle("after_turn", {"agent_id": "agent-8", "peer_id": "u1", "messages": TURN})  # another agent
+    recalled = engine.handle("ingest", {"agent_id": "agent-7", "peer_id": "u1",
+                                        "message": "how many kafka brokers do we have?"}).result["memories"]
+    assert [m["content"] for m in recalled] == [
+        "User: Our Kafka cluster runs on three brokers in eu-west\nAssistant: Noted: three Kafka brokers in eu-west."]
+    assert 0 < recalled[0]["score"] <= 1 and recalled[0]["scope"] == "default_recall"
+    r = api("GET", "/memories?agent_id=agent-7&peer_id=u1&q=kafka+brokers")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["total"] == 1 and body["items"][0]["agent_id"] == "agent-7" and body["items"][0]["score"] > 0
+    assert body["items"][0]["scope"] == "interaction" and body["items"][0]["source"] == "default"
+    mem_id = body["items"][0]["id"]
+    r = api("DELETE", f"/memories/{mem_id}")
+    assert r.status_code == 200 and r.json() == {"deleted": 1, "id": mem_id, "agent_id": "agent-7"}
+    assert engine.handle("ingest", {"agent_id": "agent-7", "peer_id": "u1",
+                                    "message": "kafka brokers?"}).result["memories"] == []
+    assert api("DELETE", f"/memories/{mem_id}").status_code == 404
+    assert Memory.objects.filter(agent_id="agent-8").count() == 1  # the other agent keeps its memory
+
+
+def test_it_creates_pages_and_scopes_memories_over_the_api(api, home):
+    for i in range(5):
+        r = api("POST", "/memories", {"agent_id": "a1", "peer_id": "p1", "content": f"fact {i} about llamas",
+                                      "tags": ["zoo"]})
+        assert r.status_code == 201 and r.json()["scope"] == "zoo"
+    api("POST", "/memories", {"agent_id": "a1", "content": "peer-less fact about llamas"})
+    api("POST", "/memories", {"agent_id": "a1", "peer_id": "p2", "content": "p2 fact about llamas"})
+    page = api("GET", "/memories?agent_id=a1&peer_id=p1&limit=2&offset=0").json()
+    assert page["total"] == 6 and len(page["items"]) == 2  # p1's five and the peer-less one, not p2's
+    assert page["items"][0]["content"] == "peer-less fact about llamas"  # newest first
+    rest = api("GET", "/memories?agent_id=a1&peer_id=p1&limit=10&offset=2").json()["items"]
+    assert len(rest) == 4 and not {m["id"] for m in rest} & {m["id"] for m in page["items"]}
+    assert api("GET", "/memories?agent_id=a1").json()["total"] == 7
+    assert api("GET", "/memories").status_code == 400  # agent_id is required
+    assert api("POST", "/memories", {"agent_id": "a1", "content": ""}).status_code == 400
+    # wiping an agent's memories is for admins; agents may not
+    assert api("DELETE", "/memories?agent_id=a1&peer_id=p1").status_code == 403
+    r = api("DELETE", "/memories?agent_id=a1&peer_id=p1", role="admin")
+    assert r.status_code == 200 and r.json()["deleted"] == 5
+    assert api("GET", "/memories?agent_id=a1").json()["total"] == 2
+    assert api("GET", "/memories?agent_id=a1", role="viewer").status_code == 403

@@ -1,0 +1,32 @@
+"""The default engine remembers, through a real service: after_turn (202, processed by the worker) is stored, ingest
+recalls it with a relevance score, and the memory API lists and deletes it. Its own service: no plugin configured."""
+
+import time
+
+from tests.e2e.live import running_service
+
+
+def test_it_recalls_a_turn_in_default_mode_and_the_memory_api_deletes_it(tmp_path):
+    with running_service(tmp_path) as live:
+        turn = {"agent_id": "e2e-agent", "peer_id": "u9", "messages": [
+            {"role": "user", "content": "The release train leaves every second Thursday"},
+            {"role": "assistant", "content": "Got it: releases every second Thursday."}]}
+        status, body = live.hook("after_turn", turn)
+        assert status == 202, body
+        deadline = time.monotonic() + 30
+        memories = []
+        while time.monotonic() < deadline and not memories:  # after_turn is fire-and-forget: wait for the worker
+            status, reply = live.hook("ingest", {"agent_id": "e2e-agent", "peer_id": "u9",
+                                                 "message": "when does the release train leave?"})
+            assert status == 200, reply
+            memories = reply["memories"]
+            time.sleep(0.2)
+        assert reply["source"] == "default" and len(memories) == 1
+        assert memories[0]["content"].startswith("User: The release train leaves every second Thursday")
+        assert 0 < memories[0]["score"] <= 1
+        status, listed = live.request("GET", "/api/v1/memories?agent_id=e2e-agent&q=release+thursday")
+        assert status == 200 and listed["total"] == 1 and listed["items"][0]["score"] > 0
+        status, deleted = live.request("DELETE", f"/api/memories/{listed['items'][0]['id']}")
+        assert status == 200 and deleted["deleted"] == 1
+        status, reply = live.hook("ingest", {"agent_id": "e2e-agent", "peer_id": "u9", "message": "release train?"})
+        assert status == 200 and reply["memories"] == []
