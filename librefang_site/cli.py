@@ -1,6 +1,8 @@
 """The `librefang` command: `start` runs the whole service; everything else maps to a management command.
 
-  librefang start                 migrate, first-run setup, Redis check, daphne + LIBREFANG_WORKERS workers
+  librefang start                 migrate, first-run setup, Redis check, then supervise daphne +
+                                  LIBREFANG_WORKERS workers (a child that exits is restarted with backoff)
+  librefang web                   daphne alone (for systemd or containers; see deploy/)
   librefang worker                one hook worker
   librefang plugin ACTION …       list | show | scaffold | reload | enable | disable | doctor | lint | install |
                                   uninstall | update | install-deps | test-hook | use   (`librefang plugin -h`)
@@ -12,13 +14,13 @@ Exit codes: 0 ok, 1 check or hook failed, 2 invalid input, 3 not found, 4 confli
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse, urlunparse
 
 SETTINGS = "librefang_site.settings"
 COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate"}
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "start":
         return start()
+    if argv[0] == "web":
+        return web()
     from django.core.management import execute_from_command_line
 
     command = COMMANDS.get(argv[0], argv[0])
@@ -43,19 +47,75 @@ def _home() -> Path:
     return Path(os.environ.get("LIBREFANG_HOME", Path.home() / ".librefang")).expanduser()
 
 
-def _redis_reachable(url: str) -> bool:
+class RedisState:
+    OK, NEEDS_PASSWORD, DOWN = "ok", "needs_password", "down"
+
+
+def _probe_redis(url: str) -> str:
     import redis
 
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2).ping()
+        return RedisState.OK
+    except redis.AuthenticationError:  # (a ConnectionError subclass: test it first)
+        return RedisState.NEEDS_PASSWORD
+    except redis.ResponseError as exc:  # NOAUTH, or AUTH sent to a Redis without a password
+        return RedisState.NEEDS_PASSWORD if "auth" in str(exc).lower() else RedisState.DOWN
     except (redis.RedisError, OSError):
-        return False
+        return RedisState.DOWN
 
 
-def ensure_redis(url: str, home: Path) -> subprocess.Popen | None:
-    """Use the Redis at `url`; if none answers, start a private redis-server under $LIBREFANG_HOME."""
-    if _redis_reachable(url):
-        return None
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+
+
+def redis_password(home: Path) -> str:
+    """The private Redis's password, generated on first use into $LIBREFANG_HOME/redis_password (0600)."""
+    path = home / "redis_password"
+    if path.exists():
+        value = path.read_text().strip()
+        if value:
+            return value
+    value = secrets.token_urlsafe(32)  # URL-safe: it goes into REDIS_URL as is
+    _write_private(path, value + "\n")
+    return value
+
+
+def with_password(url: str, password: str) -> str:
+    parsed = urlparse(url)
+    host = f"[{parsed.hostname}]" if parsed.hostname and ":" in parsed.hostname else (parsed.hostname or "127.0.0.1")
+    netloc = f":{quote(password, safe='')}@{host}:{parsed.port or 6379}"
+    return urlunparse(parsed._replace(netloc=netloc))
+
+
+def redis_config(*, host: str, port: int, data: Path, password: str) -> str:
+    """Durable (AOF, fsync every second: at most ~1 s of accepted jobs is lost if the machine itself dies; a
+    crash of redis-server alone loses nothing) and password-protected."""
+    return "\n".join([
+        f"bind {host}", f"port {port}", f'dir "{data}"', f'logfile "{data / "redis.log"}"',
+        "appendonly yes", "appendfsync everysec", 'save ""', "daemonize no", f'requirepass "{password}"', "",
+    ])
+
+
+def ensure_redis(url: str, home: Path) -> tuple[str, subprocess.Popen | None]:
+    """The Redis URL every process should use, and the private redis-server we started (or None).
+
+    If a Redis answers at `url`, it is used as it is. Otherwise a private redis-server is started under
+    $LIBREFANG_HOME/redis with AOF and a password; the password goes into the returned URL, never into argv.
+    """
+    state = _probe_redis(url)
+    if state == RedisState.OK:
+        return url, None
+    parsed = urlparse(url)
+    private_url = with_password(url, parsed.password or redis_password(home))
+    if state == RedisState.NEEDS_PASSWORD:
+        if _probe_redis(private_url) == RedisState.OK:  # our private Redis, left by a run that was killed
+            print(f"Using the private Redis already running at {parsed.hostname}:{parsed.port or 6379}")
+            return private_url, None
+        sys.exit(f"The Redis at {url} requires a password: put it in REDIS_URL (redis://:PASSWORD@host:port/0).")
     server = shutil.which("redis-server")
     if server is None:
         sys.exit(
@@ -63,83 +123,81 @@ def ensure_redis(url: str, home: Path) -> subprocess.Popen | None:
             "Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis)\n"
             "or point REDIS_URL at a running Redis, then run `make run` again."
         )
-    parsed = urlparse(url)
     data = home / "redis"
-    data.mkdir(parents=True, exist_ok=True)
-    print(f"Redis not reachable at {url}: starting a private redis-server (data in {data})")
-    proc = subprocess.Popen(
-        [server, "--bind", parsed.hostname or "127.0.0.1", "--port", str(parsed.port or 6379), "--dir", str(data),
-         "--appendonly", "yes", "--save", "", "--logfile", str(data / "redis.log")],
-        start_new_session=True,
-    )
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    conf = data / "redis.conf"
+    _write_private(conf, redis_config(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379, data=data,
+                                      password=parsed.password or redis_password(home)))
+    print(f"Redis not reachable at {url}: starting a private redis-server (AOF, password; data in {data})")
+    from librefang_site.supervisor import die_with_parent
+
+    # Its own session, so Ctrl-C reaches the supervisor only and Redis outlives the workers' last writes.
+    proc = subprocess.Popen([server, str(conf)], start_new_session=True, preexec_fn=die_with_parent)
     for _ in range(100):
-        if _redis_reachable(url):
-            return proc
+        if _probe_redis(private_url) == RedisState.OK:
+            return private_url, proc
+        if proc.poll() is not None:
+            break
         time.sleep(0.1)
     proc.terminate()
-    sys.exit(f"started redis-server but it does not answer at {url}; see {data / 'redis.log'}")
+    sys.exit(f"started redis-server but it does not answer at {parsed.hostname}:{parsed.port or 6379}; "
+             f"see {data / 'redis.log'}")
+
+
+def _listen() -> tuple[str, str]:
+    listen = os.environ.get("LIBREFANG_LISTEN", "127.0.0.1:4545")
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", port
+
+
+def daphne_argv() -> list[str]:
+    host, port = _listen()
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", port, "--proxy-headers",
+            "librefang_site.asgi:application"]
+
+
+def web() -> int:
+    """`librefang web`: daphne alone (for systemd or a container); replaces this process."""
+    argv = daphne_argv()
+    os.execve(argv[0], argv, {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS})
+    return 1  # not reached
 
 
 def start() -> int:
     import django
 
+    from librefang_site.supervisor import Slot, Supervisor
+
     home = _home()
     home.mkdir(parents=True, exist_ok=True)
     (home / "plugins").mkdir(exist_ok=True)
-    listen = os.environ.get("LIBREFANG_LISTEN", "127.0.0.1:4545")
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
+    host, port = _listen()
     workers = int(os.environ.get("LIBREFANG_WORKERS", "1"))
-    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    redis_proc = ensure_redis(redis_url, home)
+    redis_url, redis_proc = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), home)
+    os.environ["REDIS_URL"] = redis_url  # settings and every child read it from here
+    try:
+        django.setup()
+        from django.core.management import call_command
 
-    django.setup()
-    from django.core.management import call_command
+        call_command("migrate", interactive=False, verbosity=0)
+        shown_host = f"[{host}]" if ":" in host else host
+        call_command("firstrun", url=f"http://{shown_host}:{port}/")
 
-    call_command("migrate", interactive=False, verbosity=0)
-    shown_host = f"[{host}]" if ":" in host else host
-    call_command("firstrun", url=f"http://{shown_host}:{port}/")
-
-    children: list[subprocess.Popen] = []
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
-    children.append(subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", host, "-p", port, "--proxy-headers", "librefang_site.asgi:application"],
-        env=env,
-    ))
-    for _ in range(workers):
-        children.append(subprocess.Popen([sys.executable, "-m", "librefang_site.cli", "worker"], env=env))
-    print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n", flush=True)
-
-    stopping = False
-
-    def stop(signum, frame):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    code = 0
-    while not stopping:
-        for child in children:
-            if child.poll() is not None:
-                print(f"process {child.args[2:4]} exited with {child.returncode}; stopping", file=sys.stderr)
-                stopping, code = True, 1
-                break
-        time.sleep(0.3)
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for child in children:
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-    if redis_proc is not None:
-        redis_proc.terminate()
-        redis_proc.wait(timeout=10)
-    print("stopped.")
-    return code
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
+        worker_argv = [sys.executable, "-m", "librefang_site.cli", "worker"]
+        slots = [Slot("web", 0, daphne_argv())] + [Slot("worker", i + 1, worker_argv) for i in range(workers)]
+        print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n",
+              flush=True)
+        return Supervisor(slots, env=env, home=home).run()
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()  # Redis writes its AOF and exits
+            try:
+                redis_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                redis_proc.kill()
+                redis_proc.wait()
+        print("stopped.", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,86 @@ def test_it_manages_lifecycle_and_reports_failures(cli, tmp_path):
     assert cli("plugin", "uninstall", "clisrc").returncode == 3
     r = cli("plugin", "doctor", "--json")
     assert len(json.loads(r.stdout)["runtimes"]) == 12
+
+
+def test_it_starts_a_private_redis_with_aof_and_a_password_kept_out_of_argv(tmp_path):
+    import stat
+
+    import redis
+
+    from librefang_site.cli import ensure_redis
+    from tests.e2e.live import free_port
+
+    home = tmp_path / "home"
+    home.mkdir()
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing answers there
+    private_url, proc = ensure_redis(url, home)
+    try:
+        assert proc is not None
+        password = (home / "redis_password").read_text().strip()
+        assert len(password) >= 32 and private_url == url.replace("redis://", f"redis://:{password}@")
+        for path in (home / "redis_password", home / "redis" / "redis.conf"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(url).ping()
+        client = redis.Redis.from_url(private_url, decode_responses=True)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                assert password.encode() not in cmdline.read_bytes(), f"password in argv of {cmdline}"
+            except OSError:
+                continue
+        # A private Redis left running by a killed run is found again with the kept password, not started twice.
+        again_url, again_proc = ensure_redis(url, home)
+        assert again_url == private_url and again_proc is None
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def test_it_uses_a_redis_that_answers_as_it_is(tmp_path):
+    from librefang_site.cli import ensure_redis
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert ensure_redis(url, tmp_path) == (url, None)
+    assert not (tmp_path / "redis_password").exists()
+
+
+def test_it_runs_daphne_alone_as_librefang_web(tmp_path):
+    """`librefang web` (what deploy/librefang-web.service runs) becomes daphne itself, so systemd's signals reach it."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    from tests.e2e.live import free_port
+
+    port = free_port()
+    env = {**os.environ, "LIBREFANG_HOME": str(tmp_path / "home"), "LIBREFANG_DB": str(tmp_path / "db.sqlite3"),
+           "LIBREFANG_LISTEN": f"127.0.0.1:{port}", "DJANGO_SETTINGS_MODULE": "librefang_site.settings"}
+    env.pop("DATABASE_URL", None)
+    cmd = [sys.executable, "-m", "librefang_site.cli"]
+    subprocess.run([*cmd, "migrate", "-v0"], env=env, cwd=REPO, check=True, capture_output=True, timeout=120)
+    proc = subprocess.Popen([*cmd, "web"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        status = None
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code  # 503 without workers is still daphne answering
+            except OSError:
+                time.sleep(0.1)
+                continue
+            break
+        assert status in (200, 503)
+        assert b"daphne" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
