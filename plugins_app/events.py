@@ -204,6 +204,8 @@ def plugin_changed(name: str, what: str) -> None:
 def _send_sync(group: str, message: dict) -> None:
     try:
         async_to_sync(get_channel_layer().group_send)(group, message)
+    except bus.REDIS_DOWN as exc:  # Redis outage: dashboards re-read the database when they reconnect
+        log.warning("could not publish %s event: Redis unreachable (%s)", message.get("type"), exc)
     except Exception:
         log.warning("could not publish %s event", message.get("type"), exc_info=True)
 

@@ -58,7 +58,9 @@ class LiveService:
         self.manage("firstrun", "--url", self.url + "/")
         self.token = (self.home / "api_token").read_text().strip()
         self.password = (self.home / "admin_password").read_text().strip()
-        self.web = self._spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+        # twisted listens with a backlog of 50 by default: a burst of agents would see connection resets
+        self.web = self._spawn("web", [sys.executable, "-m", "daphne", "-e",
+                                       f"tcp:port={self.port}:interface=127.0.0.1:backlog=1024",
                                        "librefang_site.asgi:application"])
         for _ in range(workers):
             self.start_worker()

@@ -1,0 +1,185 @@
+"""Redis SIGKILLed for 4 s under agent traffic, then restarted on the same port and AOF directory.
+
+The service (daphne + worker, tests/e2e/live.py) runs against a redis-server of its own; nothing else shares it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.live import LiveService, free_port
+from tests.plugin_factory import make_plugin, write_config
+
+INGEST = """
+import json, sys
+req = json.loads(sys.stdin.read())
+print(json.dumps({"type": "ingest_result", "memories": [{"content": "seen " + req["message"]}]}))
+"""
+
+# One line per run: the turn's id (the last message's content).
+AFTER_TURN = """
+import json, os, sys
+req = json.loads(sys.stdin.read())
+with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "turns"), "a") as fh:
+    fh.write(req["messages"][-1]["content"] + "\\n")
+print(json.dumps({"type": "ok"}))
+"""
+
+OUTAGE_SECS = 4.0
+BACK_WITHIN_SECS = 5.0
+
+
+class OwnRedis:
+    """A redis-server on a free port with AOF (appendfsync everysec) in `dir`; SIGKILL and restart it at will."""
+
+    def __init__(self, root: Path):
+        self.dir = root / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 (the process keeps it)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            probe = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
+            if probe.stdout.strip() == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("own redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def call(service: LiveService, hook: str, body: dict, timeout: float = 30) -> tuple[int, dict, dict]:
+    """(status, headers, body); connection errors are status 0."""
+    req = urllib.request.Request(f"{service.url}/api/context-engine/hooks/{hook}", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {service.token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = {"raw": text.decode(errors="replace")}
+        return exc.code, dict(exc.headers), data
+    except OSError as exc:
+        return 0, {}, {"error": str(exc)}
+
+
+@pytest.fixture
+def outage_service(tmp_path):
+    redis = OwnRedis(tmp_path)
+    redis.start()
+    service = LiveService(tmp_path / "svc")
+    service.env["REDIS_URL"] = redis.url
+    try:
+        service.start(workers=1)
+        yield service, redis
+    finally:
+        service.stop()
+        redis.stop()
+
+
+def test_it_survives_a_redis_outage_without_500s_or_lost_after_turns(outage_service):
+    service, redis = outage_service
+    make_plugin(service.home / "plugins", "steady", {"ingest": INGEST, "after_turn": AFTER_TURN},
+                toml_extra="hook_timeout_secs = 3")
+    write_config(service.home, plugin="steady")
+    turns_file = service.home / "plugin_data" / "steady" / "turns"
+
+    results: list[tuple[float, str, int, dict, dict]] = []  # (time, hook, status, headers, body)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def agent(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            turn = f"agent{n}-turn{i}"
+            for hook, body in (("ingest", {"agent_id": f"a{n}", "message": turn, "peer_id": None}),
+                               ("after_turn", {"agent_id": f"a{n}",
+                                               "messages": [{"role": "user", "content": turn}]})):
+                status, headers, reply = call(service, hook, body)
+                with lock:
+                    results.append((time.monotonic(), hook, status, headers, {**(reply or {}), "_turn": turn}))
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=agent, args=(n,), daemon=True) for n in range(4)]
+    for t in threads:
+        t.start()
+    health_during: list[int] = []
+    try:
+        time.sleep(3)
+        with lock:
+            assert any(h == "ingest" and s == 200 and b.get("source") == "steady" for _, h, s, _, b in results), \
+                "the plugin did not answer before the outage"
+        killed_at = time.monotonic()
+        redis.kill()
+        while time.monotonic() - killed_at < OUTAGE_SECS:
+            health_during.append(service.request("GET", "/api/health", auth=False, timeout=10)[0])
+            time.sleep(0.3)
+        redis.start()
+        back_at = time.monotonic()
+        time.sleep(BACK_WITHIN_SECS + 3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+    assert not [r for r in results if r[2] == 500], "an agent got a 500"
+    assert not [r for r in results if r[2] == 0], "an agent's connection failed"
+    outage = [r for r in results if killed_at + 0.5 < r[0] < back_at]
+    refused = [r for r in outage if r[1] == "after_turn" and r[2] == 503]
+    assert refused, "no after_turn was refused with 503 while Redis was down"
+    assert all(r[3].get("Retry-After") for r in refused)
+    assert all(r[4]["error"]["code"] == "bus_unavailable" for r in refused)
+    fallbacks = [r for r in outage if r[1] == "ingest" and r[2] == 200 and r[4].get("source") == "default"]
+    assert fallbacks and all("bus_unavailable" in (r[4].get("fallback_reason") or "") for r in fallbacks)
+    assert health_during and 200 not in health_during, f"/api/health said ok during the outage: {health_during}"
+    back = [r for r in results if r[0] > back_at and r[1] == "ingest" and r[4].get("source") == "steady"]
+    assert back, "the plugin never answered again after Redis came back"
+    print(f"outage: {len(refused)} after_turn 503, {len(fallbacks)} ingest fallbacks, health {health_during}, "
+          f"plugin back {back[0][0] - back_at:.2f}s after Redis")
+    assert back[0][0] - back_at <= BACK_WITHIN_SECS, f"plugin back only {back[0][0] - back_at:.1f}s after Redis"
+
+    accepted = {r[4]["_turn"] for r in results if r[1] == "after_turn" and r[2] == 202}
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        done = set(turns_file.read_text().split()) if turns_file.exists() else set()
+        if accepted <= done:
+            break
+        time.sleep(0.5)
+    missing = accepted - done
+    assert not missing, f"{len(missing)} of {len(accepted)} accepted after_turn jobs never ran: {sorted(missing)[:5]}"
+    status, body = service.request("GET", "/api/health", auth=False)
+    assert status == 200 and body["status"] == "ok", body
