@@ -4,6 +4,7 @@ from django.urls import path
 from plugins_app.api import api
 from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
+from plugins_app.views import monitoring as monitoring_views
 from plugins_app.views import plugins as plugin_views
 from plugins_app.views import tokens as token_views
 from plugins_app.views import tools as tool_views
@@ -29,6 +30,12 @@ urlpatterns = [
     path("tokens/", token_views.tokens_page, name="tokens"),
     path("tokens/new/", token_views.token_create, name="token_create"),
     path("tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token_revoke"),
+    # Monitoring: charts, traces, workers
+    path("metrics/", monitoring_views.metrics_page, name="metrics"),
+    path("metrics/chart.json", monitoring_views.chart_data, name="chart_data"),
+    path("traces/", monitoring_views.traces_page, name="traces"),
+    path("traces/<str:trace_id>/", monitoring_views.trace_detail, name="trace_detail"),
+    path("workers/", monitoring_views.workers_page, name="workers"),
     # WASM tools
     path("tools/", tool_views.tools_page, name="tools"),
     path("tools/install/", tool_views.tool_install, name="tool_install"),

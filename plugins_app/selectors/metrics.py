@@ -125,3 +125,41 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
             "p99_ms": percentile(total_sketch, 0.99),
         },
     }
+
+
+RANGES = {"15m": dt.timedelta(minutes=15), "1h": dt.timedelta(hours=1), "24h": dt.timedelta(hours=24),
+          "7d": dt.timedelta(days=7)}
+DEFAULT_RANGE = "1h"
+
+
+def _instant(value: str) -> dt.datetime:
+    """Unix seconds or ISO-8601 (naive means UTC)."""
+    try:
+        return dt.datetime.fromtimestamp(float(value), dt.UTC)
+    except ValueError:
+        parsed = dt.datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def parse_range(name: str | None, start: str | None = None, end: str | None = None,
+                now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime, str]:
+    """(start, end, label) for a named range ("15m", "1h", "24h", "7d") or a custom from/to.
+
+    Raises ValueError for an unknown name, an unparsable instant, an empty or longer-than-31-days range."""
+    now = now or timezone.now()
+    if start or end:
+        if not (start and end):
+            raise ValueError("a custom range needs both from and to")
+        try:
+            s, e = _instant(start), _instant(end)
+        except (ValueError, OverflowError, OSError) as exc:
+            raise ValueError(f"not a time: {exc}") from None
+        if e <= s:
+            raise ValueError("the range must end after it starts")
+        if e - s > MAX_RANGE:
+            raise ValueError("the range may span at most 31 days")
+        return s, e, "custom"
+    name = name or DEFAULT_RANGE
+    if name not in RANGES:
+        raise ValueError(f"unknown range {name!r}; use one of {', '.join(RANGES)} or from/to")
+    return now - RANGES[name], now, name

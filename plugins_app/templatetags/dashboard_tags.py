@@ -45,3 +45,85 @@ def parse_iso(value):
         return dt.datetime.fromisoformat(value)
     except ValueError:
         return None
+
+
+def _as_datetime(value):
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, int | float):
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    if isinstance(value, str) and value:
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return None
+
+
+@register.filter
+def ago(value) -> str:
+    """A <time> saying "3 minutes ago", with the absolute UTC time on hover (title) and in datetime=.
+
+    Accepts a datetime, an ISO-8601 string or unix seconds; "—" for nothing. Use it everywhere a relative time
+    is shown, so every one of them can be read exactly."""
+    from django.utils.html import format_html
+    from django.utils.timesince import timesince
+
+    when = _as_datetime(value)
+    if when is None:
+        return "—"
+    import datetime as dt
+
+    now = dt.datetime.now(dt.UTC)
+    words = "just now" if abs((now - when).total_seconds()) < 5 else (
+        f"{timesince(when, now)} ago" if when <= now else f"in {timesince(now, when)}")
+    return format_html('<time datetime="{}" title="{}">{}</time>', when.isoformat(),
+                       when.strftime("%Y-%m-%d %H:%M:%S UTC"), words)
+
+
+@register.filter
+def absolute(value) -> str:
+    """The absolute UTC time, for places that show it in full."""
+    when = _as_datetime(value)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC") if when else "—"
+
+
+@register.filter
+def ms(value) -> str:
+    """A latency in plain numbers: "609 ms", "12.4 ms", "2.31 s"; "—" without data."""
+    from engine.quantiles import display_ms
+
+    try:
+        return display_ms(None if value is None or value == "" else float(value))
+    except (TypeError, ValueError):
+        return "—"
+
+
+@register.filter
+def duration(seconds) -> str:
+    """Uptime-style durations: "42 s", "5 min", "3 h 12 min", "2 d 4 h"."""
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+@register.filter
+def clock(value) -> str:
+    """A stderr line's time: <time> showing HH:MM:SS.mmm (UTC), the full date on hover; "" without a time."""
+    from django.utils.html import format_html
+
+    when = _as_datetime(value)
+    if when is None:
+        return ""
+    return format_html('<time class="ts" datetime="{}" title="{}">{}</time>', when.isoformat(),
+                       when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC", when.strftime("%H:%M:%S.%f")[:-3])

@@ -146,12 +146,293 @@
     };
   }
 
+  // ---- theme: the toggle overrides prefers-color-scheme and is remembered (static/js/theme.js applies it early) ----
+  var darkQuery = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  function currentTheme() {
+    var t = document.documentElement.getAttribute("data-theme");
+    if (t === "dark" || t === "light") return t;
+    return darkQuery && darkQuery.matches ? "dark" : "light";
+  }
+  function syncThemeButtons() {
+    var dark = currentTheme() === "dark";
+    document.documentElement.setAttribute("data-effective-theme", dark ? "dark" : "light");
+    document.querySelectorAll("[data-theme-toggle]").forEach(function (b) {
+      b.setAttribute("aria-pressed", dark ? "true" : "false");
+      b.title = dark ? "Switch to light mode" : "Switch to dark mode";
+    });
+  }
+  function themeChanged() { syncThemeButtons(); redrawCharts(); }
+  if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", themeChanged);
+
+  // ---- small controls: theme toggle, the narrow-screen menu, copy buttons ----
+  function closeMenu() {
+    var nav = document.getElementById("main-nav");
+    var btn = document.querySelector("[data-menu-toggle]");
+    if (nav) nav.classList.remove("open");
+    if (btn) btn.setAttribute("aria-expanded", "false");
+  }
+  document.addEventListener("click", function (ev) {
+    var t = ev.target.closest("[data-theme-toggle]");
+    if (t) {
+      var next = currentTheme() === "dark" ? "light" : "dark";
+      document.documentElement.setAttribute("data-theme", next);
+      try { localStorage.setItem("lf-theme", next); } catch (e) { /* not persisted */ }
+      themeChanged();
+      return;
+    }
+    var m = ev.target.closest("[data-menu-toggle]");
+    if (m) {
+      var nav = document.getElementById(m.getAttribute("aria-controls"));
+      var open = !nav.classList.contains("open");
+      nav.classList.toggle("open", open);
+      m.setAttribute("aria-expanded", open ? "true" : "false");
+      if (open) { var first = nav.querySelector("a"); if (first) first.focus(); }
+      return;
+    }
+    if (!ev.target.closest("#main-nav")) closeMenu();
+    var c = ev.target.closest("[data-copy]");
+    if (c) copyFrom(c);
+  });
+  document.addEventListener("keydown", function (ev) {
+    if (ev.key !== "Escape") return;
+    var nav = document.getElementById("main-nav");
+    if (nav && nav.classList.contains("open")) {
+      closeMenu();
+      var btn = document.querySelector("[data-menu-toggle]");
+      if (btn) btn.focus();
+    }
+  });
+
+  function copyFrom(btn) {
+    var src = document.querySelector(btn.getAttribute("data-copy"));
+    if (!src) return;
+    var text = src.value !== undefined && src.tagName !== "PRE" ? src.value : src.textContent;
+    var done = function () {
+      var label = btn.textContent;
+      btn.textContent = "Copied";
+      btn.classList.add("copied");
+      setTimeout(function () { btn.textContent = label; btn.classList.remove("copied"); }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { legacyCopy(src, done); });
+    } else {
+      legacyCopy(src, done);
+    }
+  }
+  function legacyCopy(src, done) {
+    // Plain-http dashboards have no async clipboard: select the text and use the old command.
+    var range = document.createRange();
+    range.selectNodeContents(src);
+    var sel = window.getSelection();
+    sel.removeAllRanges();
+    sel.addRange(range);
+    try { if (document.execCommand("copy")) done(); } catch (e) { /* the text stays selected for Ctrl-C */ }
+  }
+
+  // ---- charts: latency percentiles and calls per step, from /metrics/chart.json (uPlot) ----
+  var REFRESH_MS = 15000;
+  function fmtMs(v) {
+    if (v === null || v === undefined) return "—";
+    if (v >= 10000) return (v / 1000).toFixed(1) + " s";
+    if (v >= 1000) return (v / 1000).toFixed(2) + " s";
+    if (v >= 100) return v.toFixed(0) + " ms";
+    if (v >= 10) return v.toFixed(1) + " ms";
+    return v.toFixed(2) + " ms";
+  }
+  function fmtCount(v) { return v === null || v === undefined ? "—" : String(Math.round(v)); }
+  function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
+  var RANGE_WORDS = { "15m": "last 15 min", "1h": "last hour", "24h": "last 24 h", "7d": "last 7 days" };
+
+  function chartState(card) {
+    if (!card._lf) card._lf = { range: card.getAttribute("data-range") || "1h", from: null, to: null, plots: [], data: null };
+    return card._lf;
+  }
+
+  function chartUrl(card) {
+    var st = chartState(card);
+    var u = new URL(card.getAttribute("data-src"), location.href);
+    if (st.range === "custom") { u.searchParams.set("from", String(st.from)); u.searchParams.set("to", String(st.to)); }
+    else u.searchParams.set("range", st.range);
+    return u.toString();
+  }
+
+  function loadChart(card) {
+    var st = chartState(card);
+    var seq = (st.seq || 0) + 1;
+    st.seq = seq;
+    card.setAttribute("aria-busy", "true");
+    fetch(chartUrl(card), { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (r) { return r.json().then(function (body) { return { ok: r.ok, body: body }; }); })
+      .then(function (res) {
+        if (seq !== st.seq) return;  // a newer request (another range) won
+        card.removeAttribute("aria-busy");
+        if (!res.ok) { summary(card, null, res.body.error || "could not load"); return; }
+        st.data = res.body;
+        drawChart(card);
+      })
+      .catch(function () { card.removeAttribute("aria-busy"); summary(card, null, "could not load the chart data"); });
+  }
+
+  function summary(card, d, error) {
+    var el = card.querySelector("[data-chart-summary]");
+    if (!el) return;
+    if (error) { el.innerHTML = ""; var e = document.createElement("span"); e.className = "chart-error"; e.textContent = error; el.appendChild(e); return; }
+    var s = d.summary;
+    var st = chartState(card);
+    var when = st.range === "custom"
+      ? new Date(d.start * 1000).toLocaleString() + " → " + new Date(d.end * 1000).toLocaleString()
+      : RANGE_WORDS[st.range] || st.range;
+    var parts = [
+      ["", when],
+      ["calls", fmtCount(s.calls)],
+      ["errors", fmtCount(s.errors) + (s.error_rate !== null ? " (" + (s.error_rate * 100).toFixed(1) + " %)" : "")],
+      ["p50", fmtMs(s.p50_ms)], ["p95", fmtMs(s.p95_ms)], ["p99", fmtMs(s.p99_ms)],
+      ["test console", fmtCount(s.test_console_calls)],
+      ["step", d.step_s >= 3600 ? (d.step_s / 3600) + " h" : (d.step_s / 60) + " min"],
+    ];
+    el.innerHTML = "";
+    parts.forEach(function (p, i) {
+      if (i) el.appendChild(document.createTextNode(" · "));
+      if (p[0]) el.appendChild(document.createTextNode(p[0] + " "));
+      var b = document.createElement("b");
+      b.textContent = p[1];
+      el.appendChild(b);
+    });
+  }
+
+  function axes(fmt) {
+    var fg = cssVar("--muted"), grid = cssVar("--grid");
+    return [
+      { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } },
+      { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, size: 60,
+        values: function (u, vals) { return vals.map(fmt); } },
+    ];
+  }
+
+  function drawChart(card) {
+    var st = chartState(card);
+    var d = st.data;
+    if (!d || !window.uPlot) return;
+    summary(card, d);
+    card.setAttribute("data-from", String(d.start));
+    card.setAttribute("data-to", String(d.end));
+    card.setAttribute("data-points", String(d.t.length));
+    card.setAttribute("data-loaded-range", d.range);
+    var xRange = function () { return [d.start, d.end]; };
+    var latency = [d.t, d.p50_ms, d.p95_ms, d.p99_ms];
+    var calls = [d.t, d.calls, d.errors, d.test_console_calls];
+    if (st.plots.length === 2 && st.theme === currentTheme()) {
+      st.plots[0].setData(latency, false); st.plots[0].setScale("x", { min: d.start, max: d.end });
+      st.plots[1].setData(calls, false); st.plots[1].setScale("x", { min: d.start, max: d.end });
+      return;
+    }
+    st.plots.forEach(function (p) { p.destroy(); });
+    st.theme = currentTheme();
+    var latEl = card.querySelector("[data-chart-latency]"), callEl = card.querySelector("[data-chart-calls]");
+    var w = function (el) { return Math.max(260, el.clientWidth); };
+    var h = window.innerWidth < 600 ? 180 : 220;
+    var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.8, 40] }) : undefined;
+    var p1 = new window.uPlot({
+      width: w(latEl), height: h, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.1 : 1]; } } },
+      series: [
+        { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
+        { label: "p50", stroke: cssVar("--c-p50"), width: 2, value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
+        { label: "p95", stroke: cssVar("--c-p95"), width: 1.5, value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
+        { label: "p99", stroke: cssVar("--c-p99"), width: 1.5, dash: [5, 4], value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
+      ],
+      axes: axes(function (v) { return v === null ? "" : fmtMs(v); }),
+    }, latency, latEl);
+    var p2 = new window.uPlot({
+      width: w(callEl), height: h, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
+      series: [
+        { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
+        { label: "calls", stroke: cssVar("--c-calls"), fill: cssVar("--c-calls") + "55", paths: bars, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
+        { label: "errors", stroke: cssVar("--c-errors"), fill: cssVar("--c-errors") + "99", paths: bars, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
+        { label: "test console", stroke: cssVar("--c-console"), width: 1.5, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
+      ],
+      axes: axes(function (v) { return v === null ? "" : fmtCount(v); }),
+    }, calls, callEl);
+    st.plots = [p1, p2];
+    if (!card._lfResize && window.ResizeObserver) {
+      card._lfResize = new ResizeObserver(function () {
+        chartState(card).plots.forEach(function (p, i) {
+          var el = i ? callEl : latEl;
+          if (Math.abs(p.width - w(el)) > 4) p.setSize({ width: w(el), height: p.height });
+        });
+      });
+      card._lfResize.observe(card);
+    }
+  }
+
+  function redrawCharts() {
+    document.querySelectorAll("[data-chart]").forEach(function (card) {
+      var st = chartState(card);
+      st.theme = null;  // colours come from CSS variables: rebuild the plots
+      drawChart(card);
+    });
+  }
+
+  function setRange(card, range, from, to) {
+    var st = chartState(card);
+    st.range = range; st.from = from || null; st.to = to || null;
+    card.querySelectorAll("[data-range-btn]").forEach(function (b) {
+      b.setAttribute("aria-pressed", b.getAttribute("data-range-btn") === range ? "true" : "false");
+    });
+    loadChart(card);
+  }
+
+  document.addEventListener("click", function (ev) {
+    var b = ev.target.closest("[data-range-btn]");
+    if (!b) return;
+    var card = b.closest("[data-chart]");
+    if (card) setRange(card, b.getAttribute("data-range-btn"));
+  });
+  document.addEventListener("submit", function (ev) {
+    var f = ev.target.closest("[data-range-custom]");
+    if (!f) return;
+    ev.preventDefault();
+    var card = f.closest("[data-chart]");
+    var from = new Date(f.elements.from.value).getTime() / 1000, to = new Date(f.elements.to.value).getTime() / 1000;
+    if (!(from < to)) { summary(card, null, "“To” must be after “From”."); return; }
+    setRange(card, "custom", Math.floor(from), Math.ceil(to));
+    var det = f.closest("details");
+    if (det) det.open = false;
+  });
+
+  function initCharts(root) {
+    (root || document).querySelectorAll("[data-chart]").forEach(function (card) {
+      if (card._lfInit) return;
+      card._lfInit = true;
+      loadChart(card);
+    });
+  }
+  // Live: relative ranges slide forward (a custom range is fixed, nothing to refresh).
+  setInterval(function () {
+    if (document.visibilityState !== "visible") return;
+    document.querySelectorAll("[data-chart]").forEach(function (card) {
+      if (chartState(card).range !== "custom") loadChart(card);
+    });
+  }, REFRESH_MS);
+
+  function fillTimezone() {
+    document.querySelectorAll("[data-tz-offset]").forEach(function (el) {
+      if (!el.value) el.value = String(new Date().getTimezoneOffset());
+    });
+  }
+
   function init() {
     installSocketFactory();
     document.querySelectorAll("[data-stderr-panel]").forEach(watch);
+    syncThemeButtons();
+    fillTimezone();
+    initCharts(document);
   }
   // The ws extension connects on htmx's load; our factory must be in place first (scripts are deferred in order).
   installSocketFactory();
   document.addEventListener("DOMContentLoaded", init);
-  document.addEventListener("htmx:load", function () { document.querySelectorAll("[data-stderr-panel]").forEach(watch); });
+  document.addEventListener("htmx:load", function (ev) {
+    document.querySelectorAll("[data-stderr-panel]").forEach(watch);
+    initCharts(ev.target && ev.target.querySelectorAll ? ev.target : document);
+    fillTimezone();
+  });
 })();
