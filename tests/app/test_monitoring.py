@@ -168,3 +168,27 @@ def test_it_keeps_test_console_runs_out_of_agent_calls_in_the_api(client, viewer
     assert stats["calls"] == 1 and stats["failures"] == 0
     assert stats["test_console"] == {"calls": 2, "failures": 1}
     assert AuditEntry.objects.count() == 0  # reading metrics records nothing
+
+
+def test_it_filters_and_pages_the_audit_log(rf):
+    from django.template.loader import render_to_string
+
+    from plugins_app.selectors.audit import audit_log
+
+    for i in range(60):
+        AuditEntry.objects.create(actor="user:boss", action="plugin.reload", target=f"p{i}")
+    AuditEntry.objects.create(actor="token:ci", action="token.revoke", target="old-ci", ok=False,
+                              details={"why": "leaked"})
+    request = rf.get("/tokens/")
+    page1 = audit_log(request.GET)
+    assert page1["count"] == 61 and len(page1["entries"]) == 50 and page1["page"].has_next()
+    html = render_to_string("plugins_app/partials/audit_log.html", {"audit_log": page1, "request": request})
+    assert "page 1 of 2" in html and "page=2" in html and 'title="' in html and "token.revoke" in html
+    page2 = audit_log(rf.get("/tokens/", {"page": "2"}).GET)
+    assert len(page2["entries"]) == 11
+    assert [e.target for e in audit_log(rf.get("/tokens/", {"actor": "ci"}).GET)["entries"]] == ["old-ci"]
+    assert audit_log(rf.get("/tokens/", {"result": "failed"}).GET)["count"] == 1
+    assert audit_log(rf.get("/tokens/", {"q": "leaked"}).GET)["count"] == 1
+    assert audit_log(rf.get("/tokens/", {"action": "plugin.reload", "since": "1h"}).GET)["count"] == 60
+    filtered = audit_log(rf.get("/tokens/", {"action": "plugin.reload", "page": "2"}).GET)
+    assert filtered["query_string"] == "action=plugin.reload"
