@@ -16,11 +16,14 @@ import fcntl
 import hashlib
 import io
 import json
+import lzma
 import os
 import re
 import shutil
 import tarfile
 import time
+import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -167,73 +170,179 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def read_package(data: bytes) -> tuple[ToolManifest, bytes, bytes]:
-    """(manifest, manifest bytes, wasm bytes) of a package; refuses symlinks, links, devices, `..` and absolute paths."""
-    if len(data) > MAX_PACKAGE_BYTES:
+# Unpacking limits, checked against each member's declared size BEFORE its bytes are read, and against what is
+# actually decompressed (a header can only claim what the stream then has to deliver): a small gzip bomb is refused
+# after its first header, and memory stays at one copy buffer whatever the archive holds.
+MAX_MEMBERS = 64
+MAX_MANIFEST_BYTES = 1024 * 1024
+UNPACK_SLACK_BYTES = 8 * 1024 * 1024  # everything besides the module: manifest, README, tar headers
+COPY_CHUNK = 1024 * 1024
+_CODEC_ERRORS = (zlib.error, lzma.LZMAError)  # corrupt compressed data (gzip/bz2 raise OSError or EOFError)
+INCOMING_DIR = ".incoming"  # staging under tools/ (hidden from discovery: it starts with a dot)
+
+
+def unpacked_limit(policy: W.WasmPolicy) -> int:
+    """The most a package may expand to: the module size policy plus a little for the rest."""
+    return policy.max_module_bytes + UNPACK_SLACK_BYTES
+
+
+class _Capped(io.RawIOBase):
+    """A reader over the decompressed stream that refuses to deliver more than `limit` bytes in total."""
+
+    def __init__(self, raw, limit: int):
+        super().__init__()
+        self.raw, self.limit, self.count = raw, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(min(len(buffer), self.limit - self.count + 1))
+        self.count += len(data)
+        if self.count > self.limit:
+            raise ToolError(f"package expands to more than {self.limit} bytes", code="payload_too_large",
+                            status=413)
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _decompressed(fh) -> Any:
+    """The archive's bytes, decompressed on the fly (gzip, bzip2, xz or plain tar), chosen by the magic bytes."""
+    import bz2
+    import gzip
+
+    magic = fh.read(6)
+    fh.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=fh, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(fh, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(fh, mode="rb")
+    return fh
+
+
+def _check_member(member: tarfile.TarInfo, seen: int, total: int, policy: W.WasmPolicy) -> str | None:
+    """The clean name of a member to extract (a plain top-level file), None to skip it; ToolError to refuse."""
+    name = member.name
+    if seen > MAX_MEMBERS:
+        raise ToolError(f"package has more than {MAX_MEMBERS} entries", code="payload_too_large", status=413)
+    if member.issym() or member.islnk():
+        raise ToolError(f"plugin package contains a symlink entry `{name}` (rejected for security)")
+    if name.startswith("/") or ".." in name or "\\" in name:
+        raise ToolError(f"path traversal in plugin package: `{name}` (rejected for security)")
+    if member.isdir():
+        return None
+    if not member.isfile() or member.issparse():
+        raise ToolError(f"plugin package entry `{name}` is not a regular file (rejected for security)")
+    if member.size > policy.max_module_bytes:
+        raise ToolError(f"package entry `{name}` declares {member.size} bytes, more than the module size policy "
+                        f"({policy.max_module_bytes} bytes)", code="payload_too_large", status=413)
+    limit = unpacked_limit(policy)
+    if total > limit:
+        raise ToolError(f"package expands to more than {limit} bytes (entry `{name}` declares {member.size})",
+                        code="payload_too_large", status=413)
+    clean = name[2:] if name.startswith("./") else name
+    if clean == "manifest.json" and member.size > MAX_MANIFEST_BYTES:
+        raise ToolError(f"manifest.json is larger than {MAX_MANIFEST_BYTES} bytes", code="payload_too_large",
+                        status=413)
+    return clean if clean and "/" not in clean else None  # only top-level files can be the manifest or module
+
+
+def unpack_package(archive: Path, dest: Path, policy: W.WasmPolicy) -> dict[str, str]:
+    """Stream-extract a package's top-level files into `dest` (created, 0700) under the limits above; returns
+    {name: sha256}. Refuses links, devices, `..` and absolute paths, and anything over the limits, before
+    extracting the offending member. On error `dest` may hold partial files: the caller removes it."""
+    if archive.stat().st_size > MAX_PACKAGE_BYTES:
         raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 (closed by the with below)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise ToolError(f"package is not a tar archive: {exc}") from exc
-    files: dict[str, bytes] = {}
-    with tar:
+    dest.mkdir(parents=True, mode=0o700)
+    files: dict[str, str] = {}
+    seen = total = 0
+    with open(archive, "rb") as fh:
+        stream = io.BufferedReader(_Capped(_decompressed(fh), unpacked_limit(policy) + MAX_MEMBERS * 3 * 512))
         try:
-            members = tar.getmembers()
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise ToolError(f"package is not a valid tar archive: {exc}") from exc
-        for member in members:
-            name = member.name
-            if member.issym() or member.islnk():
-                raise ToolError(f"plugin package contains a symlink entry `{name}` (rejected for security)")
-            if name.startswith("/") or ".." in name or "\\" in name:
-                raise ToolError(f"path traversal in plugin package: `{name}` (rejected for security)")
-            if member.isdir():
-                continue
-            if not member.isfile():
-                raise ToolError(f"plugin package entry `{name}` is not a regular file (rejected for security)")
-            clean = name[2:] if name.startswith("./") else name
-            extracted = tar.extractfile(member)
-            files[clean] = extracted.read() if extracted else b""
-    if "manifest.json" not in files:
-        raise ToolError("package missing manifest.json")
-    manifest = parse_manifest(files["manifest.json"])
-    wasm = files.get(manifest.wasm_file)
-    if wasm is None:
-        raise ToolError(f"package missing wasm module `{manifest.wasm_file}`")
-    if sha256_hex(wasm) != manifest.wasm_sha256.lower():
-        raise ToolError(f"integrity check failed for `{manifest.wasm_file}`: checksum mismatch")
-    return manifest, files["manifest.json"], wasm
+            tar = tarfile.open(fileobj=stream, mode="r|")  # noqa: SIM115 (closed by the with below)
+        except (tarfile.TarError, EOFError, OSError, *_CODEC_ERRORS) as exc:
+            raise ToolError(f"package is not a tar archive: {exc}") from exc
+        with tar:
+            try:
+                for member in tar:
+                    seen += 1
+                    total += member.size
+                    clean = _check_member(member, seen, total, policy)
+                    if clean is None:
+                        continue
+                    files[clean] = _copy_member(tar, member, dest / clean)
+            except ToolError:
+                raise
+            except (tarfile.TarError, EOFError, OSError, *_CODEC_ERRORS) as exc:
+                raise ToolError(f"package is not a valid tar archive: {exc}") from exc
+    return files
 
 
-def fetch_package(url: str, expected_sha256: str | None = None, timeout: float = 30.0) -> bytes:
-    """A package's bytes from `file://`, `http://` or `https://` (AgentZero's install --url), checked against
-    `expected_sha256` (the sha of the tar bytes) when given. Raises ToolError."""
+def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> str:
+    source = tar.extractfile(member)
+    digest = hashlib.sha256()
+    with open(target, "wb") as out:
+        while source is not None and (chunk := source.read(COPY_CHUNK)):
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
+
+
+def fetch_package_to(url: str, target: Path, expected_sha256: str | None = None, timeout: float = 30.0) -> None:
+    """Copy a package from `file://`, `http://` or `https://` (AgentZero's install --url) into `target`, at most
+    MAX_PACKAGE_BYTES, checked against `expected_sha256` (the sha of the tar bytes) when given. Raises ToolError."""
     import urllib.error
     import urllib.parse
     import urllib.request
 
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "file":
-        try:
-            with open(urllib.parse.unquote(parts.path), "rb") as fh:
-                data = fh.read(MAX_PACKAGE_BYTES + 1)
-        except OSError as exc:
-            raise ToolError(f"cannot read {url}: {exc.strerror or exc}") from exc
-    elif parts.scheme in ("http", "https"):
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (owner-supplied URL)
-                data = resp.read(MAX_PACKAGE_BYTES + 1)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ToolError(f"cannot download {url}: {exc}", code="download_failed", status=502) from exc
-    else:
-        raise ToolError(f"unsupported URL scheme for '{url}'. Use 'https://', 'http://', or 'file://'")
-    if len(data) > MAX_PACKAGE_BYTES:
-        raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
+    try:
+        if parts.scheme == "file":
+            try:
+                source = open(urllib.parse.unquote(parts.path), "rb")  # noqa: SIM115 (closed below)
+            except OSError as exc:
+                raise ToolError(f"cannot read {url}: {exc.strerror or exc}") from exc
+        elif parts.scheme in ("http", "https"):
+            try:
+                source = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310, SIM115 (owner-supplied URL)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                raise ToolError(f"cannot download {url}: {exc}", code="download_failed", status=502) from exc
+        else:
+            raise ToolError(f"unsupported URL scheme for '{url}'. Use 'https://', 'http://', or 'file://'")
+        digest, size = hashlib.sha256(), 0
+        with source, open(target, "wb") as out:
+            while chunk := source.read(COPY_CHUNK):
+                size += len(chunk)
+                if size > MAX_PACKAGE_BYTES:
+                    raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413,
+                                    code="payload_too_large")
+                digest.update(chunk)
+                out.write(chunk)
+    except OSError as exc:
+        raise ToolError(f"cannot download {url}: {exc}", code="download_failed", status=502) from exc
     if expected_sha256:
-        actual = sha256_hex(data)
+        actual = digest.hexdigest()
         if actual != expected_sha256.strip().lower():
             raise ToolError(f"SHA256 mismatch: expected {expected_sha256.strip().lower()}, got {actual}")
-    return data
+
+
+def fetch_package(url: str, expected_sha256: str | None = None, timeout: float = 30.0) -> bytes:
+    """fetch_package_to, as bytes (for small packages and tests)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "package"
+        fetch_package_to(url, target, expected_sha256, timeout)
+        return target.read_bytes()
+
+
+def incoming_dir(home: Home) -> Path:
+    """Where uploaded packages wait for a worker and get unpacked (owner-only)."""
+    path = home.tools_dir / INCOMING_DIR
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 @dataclass
@@ -253,30 +362,58 @@ class InstalledTool:
 
 
 def install(home: Home, data: bytes, source: str = "local", policy: W.WasmPolicy | None = None) -> InstalledTool:
-    """Install a package under tools/<id>/<version>/ (replacing that version) and record it enabled."""
-    manifest, manifest_bytes, wasm = read_package(data)
-    policy = policy or W.WasmPolicy()
-    if len(wasm) > policy.max_module_bytes:
-        raise ToolError(f"plugin module exceeds size policy ({len(wasm)} > {policy.max_module_bytes} bytes)")
+    """install_file for a package held in memory."""
+    if len(data) > MAX_PACKAGE_BYTES:
+        raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
+    archive = incoming_dir(home) / f"mem-{uuid.uuid4().hex}.pkg"
     try:
-        W.wasmtime.Module.validate(W.get_engine(), wasm)
-    except W.wasmtime.WasmtimeError as exc:
-        raise ToolError(f"`{manifest.wasm_file}` is not a valid wasm module: {W._first_line(exc)}") from exc
+        archive.write_bytes(data)
+        return install_file(home, archive, source, policy)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def install_file(home: Home, archive: Path, source: str = "local",
+                 policy: W.WasmPolicy | None = None) -> InstalledTool:
+    """Install the package at `archive` under tools/<id>/<version>/ (replacing that version) and record it
+    enabled. Unpacks under the limits of unpack_package into a staging directory; nothing is left behind on error."""
+    policy = policy or W.WasmPolicy()
     root = home.tools_dir
-    with _locked(root):
-        target = root / manifest.id / manifest.version
-        tmp = root / manifest.id / f".tmp-{manifest.version}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (tmp / "manifest.json").write_bytes(manifest_bytes)
-        (tmp / manifest.wasm_file).write_bytes(wasm)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-        state = load_state(home)
-        state.setdefault("plugins", {})[manifest.id] = {"version": manifest.version, "enabled": True,
-                                                         "installed_at": str(int(time.time())), "source": source}
-        _save_state(home, state)
+    staging = incoming_dir(home) / f"unpack-{uuid.uuid4().hex}"
+    try:
+        files = unpack_package(archive, staging, policy)
+        if "manifest.json" not in files:
+            raise ToolError("package missing manifest.json")
+        manifest_bytes = (staging / "manifest.json").read_bytes()
+        manifest = parse_manifest(manifest_bytes)
+        if manifest.wasm_file not in files:
+            raise ToolError(f"package missing wasm module `{manifest.wasm_file}`")
+        if files[manifest.wasm_file] != manifest.wasm_sha256.lower():
+            raise ToolError(f"integrity check failed for `{manifest.wasm_file}`: checksum mismatch")
+        wasm_path = staging / manifest.wasm_file
+        size = wasm_path.stat().st_size
+        if size > policy.max_module_bytes:
+            raise ToolError(f"plugin module exceeds size policy ({size} > {policy.max_module_bytes} bytes)")
+        try:
+            W.wasmtime.Module.validate(W.get_engine(), wasm_path.read_bytes())
+        except W.wasmtime.WasmtimeError as exc:
+            raise ToolError(f"`{manifest.wasm_file}` is not a valid wasm module: {W._first_line(exc)}") from exc
+        with _locked(root):
+            target = root / manifest.id / manifest.version
+            tmp = root / manifest.id / f".tmp-{manifest.version}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            (staging / "manifest.json").rename(tmp / "manifest.json")
+            wasm_path.rename(tmp / manifest.wasm_file)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+            state = load_state(home)
+            state.setdefault("plugins", {})[manifest.id] = {"version": manifest.version, "enabled": True,
+                                                             "installed_at": str(int(time.time())), "source": source}
+            _save_state(home, state)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return get_tool(home, manifest.id)
 
 

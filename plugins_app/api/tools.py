@@ -6,7 +6,6 @@ enable/disable/remove = admin and up, as for context-engine plugins.
 
 import json
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from ninja.security import HttpBearer
@@ -62,31 +61,32 @@ def list_tools(request):
                           "policy_error": tool_selectors.policy_error()})
 
 
-@router.post("/install", auth=OWNER, response={201: dict, **ERRORS}, operation_id="tools_install")
+@router.post("/install", auth=OWNER, response={201: dict, **ERRORS, 503: ErrorEnvelope, 504: ErrorEnvelope},
+             operation_id="tools_install")
 async def install(request):
     """Install a tool package: the tar as the raw body (Content-Type application/x-tar), a multipart `package`, or
-    JSON `{"url": "file://|http://|https://…", "sha256": "<sha of the tar>"}` (AgentZero's install --url)."""
-    data = _upload(request, "package")
-    source = "local"
+    JSON `{"url": "file://|http://|https://…", "sha256": "<sha of the tar>"}` (AgentZero's install --url).
+
+    A worker unpacks it (never this process), refusing links, `..`, more than 64 entries and anything that expands
+    past the module size policy; 413 for a package too large, 504 when no worker answered."""
+    upload = request.FILES.get("package")
     try:
-        if data is None and request.content_type == "application/json":
+        if upload is None and request.content_type == "application/json":
             body = parse_body(request)
             if not isinstance(body.get("url"), str) or not body["url"]:
                 raise ApiError(400, "validation_error", 'a JSON body needs "url" (and optionally "sha256")')
             sha = body.get("sha256") if isinstance(body.get("sha256"), str) else None
-            data = await sync_to_async(T.fetch_package, thread_sensitive=False)(body["url"], sha)
-            source = "url"
-        if data is None:
-            if request.content_type and request.content_type.startswith("multipart/"):
-                raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
-            data = request.body
-        if not data:
+            info = await tool_service.install(actor(request), url=body["url"], sha256=sha, source="url")
+            return json_response(info, 201)
+        if upload is None and request.content_type and request.content_type.startswith("multipart/"):
+            raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
+        if upload is None and not request.body:
             raise ApiError(400, "validation_error", "send the package tar as the body, as a multipart `package` "
                                                     'file, or {"url": …, "sha256": …}')
-        info = await sync_to_async(tool_service.install)(data, actor(request), source)
+        chunks = upload.chunks() if upload is not None else [request.body]
+        info = await tool_service.install(actor(request), chunks=chunks, source="local")
     except T.ToolError as exc:
         raise _tool_error(exc) from exc
-    await tool_service.request_describe(info["id"])  # a worker reads az_tool_name/az_tool_schema
     return json_response(info, 201)
 
 

@@ -63,6 +63,10 @@ def process(job: Job, stream: JobStream) -> str:
 
             payload = run_install_deps(job.plugin)
             source, reason = job.plugin, "" if payload.get("ok") else str(payload.get("error") or "")
+        elif job.kind == "install_tool":  # an uploaded archive is unpacked here, under limits, never in the web tier
+            from plugins_app.services.tools import run_install_job
+
+            payload, source, reason = run_install_job(job.request)
         else:
             reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
             payload = reply.to_dict()

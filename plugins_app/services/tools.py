@@ -1,5 +1,6 @@
-"""WASM tool plugins: install/package/enable/disable/remove (web tier, no module code runs) and execution, which
-runs module code and therefore goes through the job bus to a worker (job kind "tool").
+"""WASM tool plugins: package/enable/disable/remove (web tier, no module code runs); install, whose archive is
+unpacked by a worker (job kind "install_tool": an upload is untrusted input, and decompressing it must not cost the
+web process memory); and execution, which runs module code and therefore also goes to a worker (job kind "tool").
 
 Callers catch engine.wasm_tools.ToolError: `code` is stable, `status` is the HTTP status to answer.
 """
@@ -7,6 +8,9 @@ Callers catch engine.wasm_tools.ToolError: `code` is stable, `status` is the HTT
 from __future__ import annotations
 
 import logging
+import re
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from engine import wasm_tools as T
@@ -21,22 +25,106 @@ REPLY_MARGIN_SECS = 1.5
 MAX_INPUT_BYTES = 1024 * 1024
 
 
-def install(data: bytes, actor: str, source: str = "local") -> dict[str, Any]:
+INSTALL_JOB_KIND = "install_tool"
+# A URL download (30 s socket timeout), unpacking under the limits and validating a module: a worker's job.
+INSTALL_WAIT_SECS = 120.0
+INSTALL_SOURCES = ("local", "upload", "url")
+STAGED_RE = re.compile(r"^[0-9a-f]{32}\.pkg$")
+
+
+def stage_package(chunks: Iterable[bytes]) -> str:
+    """Write an uploaded package to tools/.incoming/<id>.pkg (owner-only) for a worker to unpack; the web tier only
+    copies the bytes it was sent (at most T.MAX_PACKAGE_BYTES) and never opens the archive."""
+    name = f"{uuid.uuid4().hex}.pkg"
+    path = T.incoming_dir(home()) / name
+    size = 0
     try:
-        tool = T.install(home(), data, source=source, policy=policy())
-    except T.ToolError as exc:
-        audit.record(actor, "tool.install", "", ok=False, details={"error": exc.message})
+        with open(path, "xb") as out:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > T.MAX_PACKAGE_BYTES:
+                    raise T.ToolError(f"package is larger than {T.MAX_PACKAGE_BYTES} bytes", status=413,
+                                      code="payload_too_large")
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
         raise
-    audit.record(actor, "tool.install", tool.id, details={"version": tool.version})
-    return T.describe(tool, policy())
+    if not size:
+        path.unlink(missing_ok=True)
+        raise T.ToolError("the package is empty", code="validation_error")
+    return name
 
 
-async def request_describe(tool_id: str) -> None:
-    """Ask a worker to read the module's az_tool_name/az_tool_schema (module code never runs in the web tier)."""
+async def install(actor: str, *, chunks: Iterable[bytes] | None = None, url: str | None = None,
+                  sha256: str | None = None, source: str = "local") -> dict[str, Any]:
+    """Install a package (uploaded `chunks`, or fetched from `url`) through a worker (job kind "install_tool"),
+    waiting up to INSTALL_WAIT_SECS. Returns the tool as describe() shows it; raises ToolError."""
+    from asgiref.sync import sync_to_async
+
+    request: dict[str, Any] = {"source": source}
+    if url is not None:
+        request.update(url=url, sha256=sha256)
+    else:
+        request["staged"] = await sync_to_async(stage_package, thread_sensitive=False)(chunks or ())
     try:
-        await bus.enqueue("tool", {"tool": tool_id, "describe": True}, kind=JOB_KIND, plugin=tool_id)
-    except Exception as exc:  # best effort: the first execution fills it in too
-        log.warning("could not queue a describe job for tool %s: %s", tool_id, exc)
+        reply = await bus.submit_and_wait("install", request, INSTALL_WAIT_SECS, kind=INSTALL_JOB_KIND,
+                                          deadline_secs=INSTALL_WAIT_SECS)
+    except Exception as exc:  # Redis down or full
+        log.warning("bus unavailable for a tool install: %s", exc)
+        reply = {"_tool_error": {"code": "worker_unavailable", "status": 503,
+                                 "message": f"job bus unreachable ({type(exc).__name__})"}}
+    finally:
+        if "staged" in request:  # the worker is done with it, or too late to start (the job's deadline passed)
+            (T.incoming_dir(home()) / request["staged"]).unlink(missing_ok=True)
+    if reply is None:
+        reply = {"_tool_error": {"code": "worker_unavailable", "status": 504,
+                                 "message": f"no worker answered within {INSTALL_WAIT_SECS:g}s"}}
+    elif "_engine_error" in reply:
+        reply = {"_tool_error": {"code": "engine_error", "status": 500, "message": reply["_engine_error"]}}
+    record = sync_to_async(audit.record)
+    if "_tool_error" in reply:
+        err = reply["_tool_error"]
+        await record(actor, "tool.install", "", ok=False, details={"error": err["message"]})
+        raise T.ToolError(err["message"], code=err["code"], status=err["status"])
+    tool = reply["tool"]
+    await record(actor, "tool.install", tool["id"], details={"version": tool["version"], "source": source})
+    return tool
+
+
+def run_install_job(request: Any) -> tuple[dict[str, Any], str, str]:
+    """Worker side of an "install_tool" job: (reply, source, reason). Unpacks under engine.wasm_tools' limits,
+    installs, then reads the module's az_tool_name/az_tool_schema (module code may run here, on a worker)."""
+    try:
+        tool = _install_for_job(request)
+    except T.ToolError as exc:
+        return {"_tool_error": {"code": exc.code, "message": exc.message, "status": exc.status}}, "tool", exc.message
+    T.refresh_info(tool, policy())
+    return {"tool": T.describe(tool, policy())}, f"tool:{tool.id}", ""
+
+
+def _install_for_job(request: Any) -> T.InstalledTool:
+    if not isinstance(request, dict):
+        raise T.ToolError("malformed install job")
+    source = request.get("source") if request.get("source") in INSTALL_SOURCES else "local"
+    incoming = T.incoming_dir(home())
+    if isinstance(request.get("url"), str):
+        sha = request.get("sha256") if isinstance(request.get("sha256"), str) else None
+        archive = incoming / f"{uuid.uuid4().hex}.pkg"
+        try:
+            T.fetch_package_to(request["url"], archive, sha)
+            return T.install_file(home(), archive, source, policy())
+        finally:
+            archive.unlink(missing_ok=True)
+    staged = request.get("staged")
+    if not isinstance(staged, str) or not STAGED_RE.match(staged):  # a name in tools/.incoming, nothing else
+        raise T.ToolError("malformed install job")
+    archive = incoming / staged
+    if not archive.is_file():
+        raise T.ToolError("the uploaded package is gone (did the request time out?)", code="package_gone")
+    try:
+        return T.install_file(home(), archive, source, policy())
+    finally:
+        archive.unlink(missing_ok=True)
 
 
 def package(manifest: bytes | str | dict, wasm: bytes) -> bytes:

@@ -38,23 +38,20 @@ def tools_page(request):
     return _page(request)
 
 
-def _install(request, data: bytes) -> dict:
-    return tool_service.install(data, actor(request), source="upload")
-
-
 @login_required
 @require_POST
 @role_required("owner")
 async def tool_install(request):
+    """The package is unpacked by a worker (services.tools.install), never in this process."""
     upload = request.FILES.get("package")
     if upload is None:
         return await sync_to_async(_page)(request, 400, "Choose a package (.tar) to install.")
     try:
-        info = await sync_to_async(_install)(request, upload.read())
+        info = await tool_service.install(await sync_to_async(actor)(request), chunks=upload.chunks(),
+                                          source="upload")
     except T.ToolError as exc:
         return await sync_to_async(_page)(request, exc.status if exc.status < 500 else 400,
                                           f"Not installed: {exc.message}")
-    await tool_service.request_describe(info["id"])  # a worker reads the module's name and schema
     await sync_to_async(messages.success)(request, f"Installed {info['id']} {info['version']}.")
     return redirect("tools")
 

@@ -5,15 +5,22 @@ login throttling."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from channels.testing import WebsocketCommunicator
 
 from engine import protocol as P
+from engine import wasm_tools as T
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
+from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
+from tests.fixtures.packages import MB, gzip_bomb, many_entries
 
 DEEP = 100_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- /ws/… paths no route matches ----
@@ -28,7 +35,7 @@ async def test_it_closes_unknown_websocket_paths_with_4404_instead_of_failing(pa
     assert connected
     closed = await comm.receive_output(timeout=5)
     assert closed == {"type": "websocket.close", "code": 4404, "reason": "no such websocket route"}
-    await comm.wait(timeout=5)
+    await comm.disconnect()
 
 
 # ---- hook output nested too deep ----
@@ -56,3 +63,70 @@ def test_it_answers_a_hook_printing_deeply_nested_json_with_the_text_fallback(tm
     assert result.ok, result.failure
     assert result.reply == {"text": "[" * DEEP + "]" * DEEP}
     json.dumps(result.to_dict())  # the reply travels on as JSON without a RecursionError
+
+
+# ---- tool packages: a gzip bomb is refused before it is unpacked, by a worker ----
+
+def _left_behind(home) -> list[str]:
+    """Everything under tools/ except the lock and state files (which exist before any install)."""
+    keep = {T.LOCK_FILE, T.STATE_FILE, T.INCOMING_DIR}
+    return sorted(str(p.relative_to(home.tools_dir)) for p in home.tools_dir.rglob("*") if p.name not in keep)
+
+
+@pytest.mark.parametrize("members,message", [
+    ({"plugin.wasm": 200 * MB}, "declares 209715200 bytes, more than the module size policy"),
+    ({"a.bin": 40 * MB, "b.bin": 40 * MB}, "package expands to more than"),
+])
+def test_it_refuses_a_gzip_bomb_before_extracting_it(home, members, message):
+    bomb = gzip_bomb(members)
+    assert len(bomb) < 300 * 1024  # a small upload…
+    with pytest.raises(T.ToolError, match=message) as refused:
+        T.install(home, bomb)  # …that would expand to 80-200 MB
+    assert refused.value.status == 413 and refused.value.code == "payload_too_large"
+    assert _left_behind(home) == []
+
+
+def test_it_refuses_packages_with_too_many_entries(home):
+    with pytest.raises(T.ToolError, match=f"more than {T.MAX_MEMBERS} entries"):
+        T.install(home, many_entries(T.MAX_MEMBERS + 1))
+    assert _left_behind(home) == []
+
+
+def test_it_extracts_a_large_member_without_holding_it_in_memory(tmp_path):
+    """With a policy that allows a 160 MB module, unpacking streams it to disk: the process peaks far below it."""
+    archive = tmp_path / "big.tar.gz"
+    archive.write_bytes(gzip_bomb({"plugin.wasm": 160 * MB}))
+    script = f"""
+import sys
+from pathlib import Path
+from engine import wasm as W, wasm_tools as T
+from engine.home import Home
+home = Home(Path({str(tmp_path / 'home')!r}))
+try:
+    T.install_file(home, Path({str(archive)!r}), policy=W.WasmPolicy(max_module_bytes=200 * 1024 * 1024))
+except T.ToolError as exc:
+    print(exc.message, file=sys.stderr)
+print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM:")).split()[1])  # peak, kB
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "integrity check failed" in done.stderr  # it got to the end of the member (zeros are not the module)
+    peak = int(done.stdout.split()[-1]) * 1024
+    assert peak < 100 * MB, f"peak RSS {peak / MB:.0f} MB while unpacking a 160 MB member"
+    assert not any((tmp_path / "home" / "tools" / T.INCOMING_DIR).iterdir())
+
+
+@pytest.mark.django_db
+def test_it_answers_413_for_a_gzip_bomb_sent_to_the_api_and_unpacks_it_on_the_worker(client, home, tool_worker):
+    from plugins_app.models import AuditEntry
+    from plugins_app.services.tokens import create_token
+
+    _, owner = create_token("owner", "owner")
+    resp = client.post("/api/tools/install", data=gzip_bomb({"plugin.wasm": 200 * MB}),
+                       content_type="application/x-tar", HTTP_AUTHORIZATION=f"Bearer {owner}")
+    assert resp.status_code == 413, resp.content
+    error = resp.json()["error"]
+    assert error["code"] == "payload_too_large" and "module size policy" in error["message"]
+    assert len(tool_worker) == 1 and "staged" in tool_worker[0]  # the worker opened it, this process did not
+    assert _left_behind(home) == [] and not any((home.tools_dir / T.INCOMING_DIR).iterdir())
+    assert AuditEntry.objects.get(action="tool.install").ok is False

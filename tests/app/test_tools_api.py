@@ -10,6 +10,7 @@ from engine import wasm_tools as T
 from plugins_app.models import AuditEntry
 from plugins_app.services.tokens import create_token
 from plugins_app.services.tools import run_tool_job
+from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
 
 ECHO = fixture_wasm("echo")
@@ -33,12 +34,22 @@ def install(client, token, data):
     return call(client, "post", "/api/tools/install", token, data=data, content_type="application/x-tar")
 
 
+def assert_installed_and_runs(home, tool_id="echo"):
+    """The tool is on disk where AgentZero keeps it, nothing is left in the staging area, and a run answers."""
+    assert (home.tools_dir / tool_id / "0.1.0" / "plugin.wasm").read_bytes() == ECHO
+    assert not any((home.tools_dir / T.INCOMING_DIR).iterdir())
+    body = run_tool_job({"tool": tool_id, "input": '{"task":"hello"}'})
+    assert body["ok"] and body["output"] == "echo:ok", body
+
+
 @pytest.mark.django_db
-def test_it_installs_lists_and_describes_a_tool(client, home, tokens):
+def test_it_installs_lists_and_describes_a_tool(client, home, tokens, tool_worker):
     resp = install(client, tokens["owner"], package_bytes())
     assert resp.status_code == 201, resp.content
-    assert resp.json()["id"] == "echo" and resp.json()["module_name"] is None  # the web tier runs no module code
-    assert run_tool_job({"tool": "echo", "describe": True})["name"] == "echo_plugin"  # the queued worker job
+    # the worker unpacked it and read the module's own name (module code never runs in the web tier)
+    assert resp.json()["id"] == "echo" and resp.json()["module_name"] == "echo_plugin"
+    assert [job["source"] for job in tool_worker] == ["local"] and "staged" in tool_worker[0]
+    assert_installed_and_runs(home)
     assert AuditEntry.objects.filter(action="tool.install", target="echo").exists()
     for role in ("agent", "viewer", "admin", "owner"):
         listing = call(client, "get", "/api/tools", tokens[role])
@@ -50,16 +61,18 @@ def test_it_installs_lists_and_describes_a_tool(client, home, tokens):
 
 
 @pytest.mark.django_db
-def test_it_installs_from_a_multipart_upload(client, home, tokens):
+def test_it_installs_from_a_multipart_upload(client, home, tokens, tool_worker):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     upload = SimpleUploadedFile("echo.tar", package_bytes(), content_type="application/x-tar")
     resp = call(client, "post", "/api/tools/install", tokens["owner"], data={"package": upload})
     assert resp.status_code == 201, resp.content
+    assert resp.json()["version"] == "0.1.0" and resp.json()["hash_ok"] is True
+    assert_installed_and_runs(home)
 
 
 @pytest.mark.django_db
-def test_it_denies_tool_routes_to_the_wrong_roles(client, home, tokens):
+def test_it_denies_tool_routes_to_the_wrong_roles(client, home, tokens, tool_worker):
     install(client, tokens["owner"], package_bytes())
     assert call(client, "get", "/api/tools").status_code == 401
     assert call(client, "get", "/api/tools", "lf_wrong").status_code == 401
@@ -78,7 +91,7 @@ def test_it_denies_tool_routes_to_the_wrong_roles(client, home, tokens):
 
 
 @pytest.mark.django_db
-def test_it_refuses_bad_packages_with_clear_errors(client, home, tokens):
+def test_it_refuses_bad_packages_with_clear_errors(client, home, tokens, tool_worker):
     bad = package_bytes()
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(bad)) as src, tarfile.open(fileobj=out, mode="w") as dst:
@@ -98,7 +111,7 @@ def test_it_refuses_bad_packages_with_clear_errors(client, home, tokens):
 
 
 @pytest.mark.django_db
-def test_it_packages_with_a_recomputed_hash(client, home, tokens):
+def test_it_packages_with_a_recomputed_hash(client, home, tokens, tool_worker):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     manifest = tool_manifest("echo", ECHO)
@@ -115,7 +128,7 @@ def test_it_packages_with_a_recomputed_hash(client, home, tokens):
 
 
 @pytest.mark.django_db
-def test_it_enables_disables_and_removes_through_the_api(client, home, tokens):
+def test_it_enables_disables_and_removes_through_the_api(client, home, tokens, tool_worker):
     install(client, tokens["owner"], package_bytes())
     assert call(client, "post", "/api/tools/echo/disable", tokens["admin"]).json()["enabled"] is False
     resp = call(client, "post", "/api/tools/echo/execute", tokens["agent"], data={"input": "x"},
@@ -128,7 +141,7 @@ def test_it_enables_disables_and_removes_through_the_api(client, home, tokens):
 
 
 @pytest.mark.django_db
-def test_it_validates_execute_bodies_before_queueing(client, home, tokens):
+def test_it_validates_execute_bodies_before_queueing(client, home, tokens, tool_worker):
     install(client, tokens["owner"], package_bytes())
     for body, code in (("[1]", "invalid_json"), ("{bad", "invalid_json"), ("{}", "validation_error")):
         resp = call(client, "post", "/api/tools/echo/execute", tokens["agent"], data=body,
@@ -149,7 +162,7 @@ def test_it_runs_a_tool_job_on_the_worker_side(home):
 
 
 @pytest.mark.django_db
-def test_it_installs_from_a_url(client, home, tokens, tmp_path):
+def test_it_installs_from_a_url(client, home, tokens, tool_worker, tmp_path):
     data = package_bytes()
     tar = tmp_path / "echo.tar"
     tar.write_bytes(data)
@@ -157,6 +170,7 @@ def test_it_installs_from_a_url(client, home, tokens, tmp_path):
     resp = call(client, "post", "/api/tools/install", tokens["owner"], data=body, content_type="application/json")
     assert resp.status_code == 201, resp.content
     assert json.loads((home.tools_dir / "plugin-state.json").read_text())["plugins"]["echo"]["source"] == "url"
+    assert_installed_and_runs(home)
     bad = call(client, "post", "/api/tools/install", tokens["owner"], data={**body, "sha256": "f" * 64},
                content_type="application/json")
     assert bad.status_code == 400 and "SHA256 mismatch" in bad.json()["error"]["message"]

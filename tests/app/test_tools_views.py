@@ -9,6 +9,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from engine import wasm_tools as T
 from plugins_app.models import AuditEntry
 from plugins_app.services.tools import run_tool_job
+from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
 
 pytestmark = pytest.mark.django_db
@@ -43,15 +44,14 @@ def test_it_shows_an_empty_page_with_the_policy(client, home, owner):
     assert 'aria-current="page">WASM tools' in html
 
 
-def test_it_installs_lists_and_toggles_tools(client, home, owner):
+def test_it_installs_lists_and_toggles_tools(client, home, owner, tool_worker):
     resp = client.post("/tools/install/", {"package": package_file()})
     assert resp.status_code == 302
+    assert [job["source"] for job in tool_worker] == ["upload"]  # unpacked by the worker, not by this view
     html = client.get("/tools/").content.decode()
     row = html.split('id="tool-echo"')[1].split("</tr>")[0]
-    assert "matches" in row and "enabled" in row and "echo_plugin" not in row  # no module code ran here
-    run_tool_job({"tool": "echo", "describe": True})  # what the worker does with the queued describe job
-    row = client.get("/tools/").content.decode().split('id="tool-echo"')[1].split("</tr>")[0]
-    assert "echo_plugin" in row
+    assert "matches" in row and "enabled" in row and "echo_plugin" in row  # the worker read the module's name
+    assert run_tool_job({"tool": "echo", "input": "{}"})["output"] == "echo:ok"
     assert 'id="tool-console"' in html and '<option value="echo">' in html
     assert client.post("/tools/echo/disable/").status_code == 302
     html = client.get("/tools/").content.decode()
@@ -63,7 +63,7 @@ def test_it_installs_lists_and_toggles_tools(client, home, owner):
     assert {"tool.install", "tool.disable", "tool.remove"} <= actions
 
 
-def test_it_shows_install_errors(client, home, owner):
+def test_it_shows_install_errors(client, home, owner, tool_worker):
     resp = client.post("/tools/install/", {"package": SimpleUploadedFile("x.tar", b"garbage" * 100)})
     assert resp.status_code == 400 and "Not installed" in resp.content.decode()
     resp = client.post("/tools/install/", {})
