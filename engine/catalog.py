@@ -1,12 +1,15 @@
 """The installed plugins under $LIBREFANG_HOME/plugins, parsed once per change of their plugin.toml.
 
 If plugin.toml changes on disk and no longer parses, the last good configuration keeps serving (and the problem
-is reported), as LibreFang's reload promises. The last good plugin.toml is also kept on disk (in the plugin's data
-dir), so a worker started after a bad edit serves the previous configuration too.
+is reported), as LibreFang's reload promises. The last good plugin.toml is kept on disk (in the plugin's data dir)
+and that copy is the one source of truth for every process: the web tier (deadlines) and every worker (timeouts)
+serve exactly the configuration that last loaded in ANY process, never an older one one of them happened to keep
+in memory.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ from engine.manifest import (
     parse_manifest_text,
     verify_integrity,
 )
+from engine.runtimes import find_launcher
 
 DISABLED_MARKER = ".disabled"
 LAST_GOOD_FILE = "last_good_plugin.toml"
@@ -45,12 +49,29 @@ class CatalogEntry:
     def enabled(self) -> bool:
         return not (self.dir / DISABLED_MARKER).exists()
 
+    @property
+    def cannot_run(self) -> str | None:
+        """Why no hook of this plugin can run now (shown next to "enabled"), or None when it can."""
+        if self.plugin is None:
+            first = next((f.message for f in self.problems if f.severity == F.ERROR), "")
+            return f"invalid manifest: {first}" if first else "invalid manifest"
+        resolved = self.plugin.manifest.runtime
+        if resolved.custom_launcher:
+            if not os.access(resolved.custom_launcher, os.X_OK):
+                return f"launcher {resolved.custom_launcher} is missing or not executable"
+            return None
+        if resolved.runtime.launcher and find_launcher(resolved.runtime.tag) is None:
+            return f"{resolved.runtime.launcher} not installed"
+        return None
+
 
 class Catalog:
     def __init__(self, home: Home):
         self.home = home
         self._lock = threading.Lock()
         self._good: dict[str, LoadedPlugin] = {}
+        # name -> (stamp of the last-good file, the plugin restored from it): re-parsed only when that file changes
+        self._stale: dict[str, tuple[tuple, LoadedPlugin]] = {}
 
     def names(self) -> list[str]:
         root = self.home.plugins_dir
@@ -75,7 +96,9 @@ class Catalog:
         try:
             loaded = load_plugin(pdir)
         except ManifestError as exc:
-            stale = good or self._restore_last_good(name, pdir)
+            # the on-disk last-good copy first: another process may have loaded a newer good version than the one
+            # this process keeps in memory (see the module docstring)
+            stale = self._restore_last_good(name, pdir) or good
             if stale is not None:
                 note = F.warning("manifest.stale", "plugin.toml on disk is invalid; the previous configuration keeps "
                                  "serving", "Fix plugin.toml and reload.")
@@ -111,24 +134,44 @@ class Catalog:
         except (OSError, UnicodeDecodeError, ManifestError):
             pass
 
+    def last_good_path(self, name: str) -> Path:
+        return self.home.data_dir(name) / LAST_GOOD_FILE
+
     def _restore_last_good(self, name: str, pdir: Path) -> LoadedPlugin | None:
         """The saved last good configuration, if it still fits the directory (hooks present, integrity intact)."""
+        path = self.last_good_path(name)
+        stamp = _file_stamp(path)
+        if not stamp:
+            return None
+        with self._lock:
+            cached = self._stale.get(name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         try:
-            text = (self.home.data_dir(name) / LAST_GOOD_FILE).read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
             manifest, found = parse_manifest_text(text, expected_name=name)
         except (OSError, UnicodeDecodeError, ManifestError):
             return None
         found = [*found, *directory_findings(pdir, manifest), *verify_integrity(pdir, manifest)]
         if F.has_errors(found):
             return None
-        restored = LoadedPlugin(pdir, manifest, found, ("last_good",))
+        restored = LoadedPlugin(pdir, manifest, found, ("last_good", *stamp))
         with self._lock:
-            self._good.setdefault(name, restored)
+            self._stale[name] = (stamp, restored)
         return restored
 
     def forget(self, name: str) -> None:
         with self._lock:
             self._good.pop(name, None)
+            self._stale.pop(name, None)
+
+
+def _file_stamp(path: Path) -> tuple:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _integrity_problems(plugin: LoadedPlugin) -> list[Finding]:

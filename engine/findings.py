@@ -52,7 +52,7 @@ ENGINE_FINDINGS: dict[str, str] = {
     "manifest.hooks_conflict": "warning: a key is set in [hooks] and at the top level/[context_engine_hooks]",
     "manifest.unknown_key": "warning: unknown top-level key (ignored)",
     "manifest.unknown_hook_key": "warning: unknown [hooks] key (ignored)",
-    "manifest.runtime_unknown": "warning: unknown runtime tag; the hook runs as python",
+    "manifest.runtime_unknown": "error: unknown runtime tag; the plugin cannot run",
     "manifest.protocol_newer": "warning: hook_protocol_version is newer than this engine's",
     "manifest.ingest_regex_invalid": "warning: ingest_regex does not compile; it is ignored",
     "manifest.needs_unknown": "warning: a `needs` entry is neither a capability nor a plugin name",

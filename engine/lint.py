@@ -99,8 +99,9 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintRepo
     if not m.version:
         add(F.warning("manifest.no_version", "empty version", "Add `version = \"0.1.0\"`."))
     if resolved.runtime.launcher and not resolved.custom_launcher and find_launcher(resolved.runtime.tag) is None:
-        add(F.warning("runtime.unavailable", f"launcher {resolved.runtime.launcher!r} is not installed",
-                      resolved.runtime.install_hint))
+        # an error: every hook call would fail with launcher_not_found, so the plugin is enabled but cannot run
+        add(F.error("runtime.unavailable", f"launcher {resolved.runtime.launcher!r} is not installed: no hook can "
+                    f"run", resolved.runtime.install_hint))
     for dep in m.plugin_depends:
         if installed is not None and dep not in installed:
             add(F.warning("depends.missing", f"plugin_depends: {dep!r} is not installed",

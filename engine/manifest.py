@@ -21,7 +21,7 @@ from engine import findings as F
 from engine.filecache import file_stamp
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
-from engine.runtimes import ResolvedRuntime, resolve_tag
+from engine.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 DEFAULT_TIMEOUT_SECS = 30.0
@@ -236,7 +236,11 @@ def parse_manifest_text(text: str, expected_name: str | None = None) -> tuple[Ma
                              "Rename the directory or change `name` so they match."))
     resolved = manifest.runtime
     if resolved.warning:
-        found.append(F.warning("manifest.runtime_unknown", resolved.warning, "Use one of the listed runtime tags."))
+        # An error, not LibreFang's silent python fallback: `runtime = "cobol"` would run every hook with python3 and
+        # fail with a SyntaxError while the dashboard said the plugin was fine.
+        found.append(F.error("manifest.runtime_unknown", f"unknown runtime {manifest.hooks.runtime!r}: no hook can run (valid: "
+                             f"{', '.join(sorted(RUNTIMES))})", "Use one of the listed runtime tags, or a path to a "
+                             "launcher."))
     found += semantic_findings(manifest)
     if F.has_errors(found):
         raise ManifestError(found)

@@ -209,9 +209,29 @@ class ContextEngine:
         chain = self.chain(cfg)
         handler = getattr(self, f"_{hook}")
         reply = handler(req, chain, cfg, job_id)
+        if reply.source == "default" and not reply.fallback_reason and not reply.aborted:
+            # a configured plugin that is disabled or uninstalled is a fallback too: say so to the agent
+            skipped = self.skipped_layers(cfg)
+            if skipped and not (hook == H.INGEST and cfg.context_engine.stable_prefix_mode):
+                reply.fallback_reason = "; ".join(skipped)
         if reply.fallback_reason and not reply.aborted:
-            log.warning("%s fell back to the default engine: %s", hook, reply.fallback_reason)
+            if reply.source == "default":
+                log.warning("%s fell back to the default engine: %s", hook, reply.fallback_reason)
+            else:  # a later stack layer answered: not a fallback to the default engine
+                log.warning("%s answered by %s after earlier layers failed: %s", hook, reply.source,
+                            reply.fallback_reason)
         return reply
+
+    def skipped_layers(self, cfg: ServiceConfig | None = None) -> list[str]:
+        """Why configured plugins are not in the chain: `plugin_disabled: x is disabled`, `plugin_not_installed: …`."""
+        cfg = cfg or self.config.get()
+        out = []
+        for name in cfg.context_engine.chain:
+            if not self.catalog.exists(name):
+                out.append(f"plugin_not_installed: {name} is not installed")
+            elif not self.catalog.get(name).enabled:
+                out.append(f"plugin_disabled: {name} is disabled")
+        return out
 
     def default(self, hook: str, request: dict[str, Any], reason: str | None = None) -> EngineReply:
         """The built-in engine's answer, e.g. when the worker missed the deadline."""
@@ -376,15 +396,24 @@ class ContextEngine:
         return EngineReply(self._default_result(hook, req, cfg), "default", reason, self._trace_ids(attempts))
 
     def _assemble(self, req, chain, cfg, job_id):
+        return self._first_wins(H.ASSEMBLE, req, chain, cfg, job_id, self._accept_assemble(req),
+                                count_unusable_as_failure=True)
+
+    @staticmethod
+    def _accept_assemble(req):
         def accept(reply):
             msgs = _messages_from(reply)
             if not msgs:
                 return None, "assemble returned no usable messages", []
             restored, warnings = restore_pinned(req["messages"], msgs)
             return {"type": "assemble_result", "messages": restored, "recovery_stage": "none"}, None, warnings
-        return self._first_wins(H.ASSEMBLE, req, chain, cfg, job_id, accept, count_unusable_as_failure=True)
+        return accept
 
     def _compact(self, req, chain, cfg, job_id):
+        return self._first_wins(H.COMPACT, req, chain, cfg, job_id, self._accept_compact(req, cfg),
+                                count_unusable_as_failure=True)
+
+    def _accept_compact(self, req, cfg):
         summarizer = self.deps.summarizer_for(cfg.llm)
 
         def accept(reply):
@@ -402,7 +431,7 @@ class ContextEngine:
             return ({"type": "compact_result", "messages": restored, "summary": summary,
                      "compacted_count": max(0, len(req["messages"]) - len(msgs)), "used_fallback": False},
                     None, warnings)
-        return self._first_wins(H.COMPACT, req, chain, cfg, job_id, accept, count_unusable_as_failure=True)
+        return accept
 
     @staticmethod
     def _llm_summary(req: dict, reply: dict, summarizer: Summarizer | None):
@@ -428,6 +457,14 @@ class ContextEngine:
                  "compacted_count": len(summarize), "used_fallback": False}, None, warnings)
 
     def _transform_tool_result(self, req, chain, cfg, job_id):
+        reply = self._first_wins(H.TRANSFORM_TOOL_RESULT, req, chain, cfg, job_id, self._accept_transform(),
+                                 count_unusable_as_failure=False)
+        if reply.source == "default" and reply.fallback_reason and reply.fallback_reason.startswith("no plugin"):
+            reply.fallback_reason = None  # every layer passed: that is not a failure
+        return reply
+
+    @staticmethod
+    def _accept_transform():
         def accept(reply):
             if not isinstance(reply, dict) or reply.get("type") == "skip":
                 return None, None, []
@@ -438,11 +475,7 @@ class ContextEngine:
             if not isinstance(new, str):
                 new = json.dumps(new, ensure_ascii=False)
             return {"type": "transformed", "content": new, "result": new}, None, []
-        reply = self._first_wins(H.TRANSFORM_TOOL_RESULT, req, chain, cfg, job_id, accept,
-                                 count_unusable_as_failure=False)
-        if reply.source == "default" and reply.fallback_reason and reply.fallback_reason.startswith("no plugin"):
-            reply.fallback_reason = None  # every layer passed: that is not a failure
-        return reply
+        return accept
 
     def _run_each(self, hook, req, chain, cfg, job_id) -> EngineReply:
         """bootstrap, prepare/merge_subagent, on_event: all run in order; failures logged; the chain continues."""
@@ -565,13 +598,41 @@ class ContextEngine:
 
     # ---- one plugin, whatever the configuration (dashboard/API test-hook) ----
 
+    def judge_for(self, hook: str, req: dict, cfg: ServiceConfig | None = None) -> Judge | None:
+        """The check an agent call applies to a plugin's reply before using it (None: every reply is used).
+        The test console runs the same check, so it shows the same verdict and the same failure."""
+        cfg = cfg or self.config.get()
+        accept = {H.ASSEMBLE: lambda: self._accept_assemble(req), H.COMPACT: lambda: self._accept_compact(req, cfg),
+                  H.TRANSFORM_TOOL_RESULT: self._accept_transform}.get(hook)
+        if accept is None:
+            return None
+        check = accept()
+        counts_as_failure = hook != H.TRANSFORM_TOOL_RESULT  # as in _first_wins
+
+        def judge(reply: Any) -> tuple[str | None, list[str]]:
+            _result, problem, warnings = check(reply)
+            return (problem if counts_as_failure else None), warnings
+        return judge
+
+    def judge(self, hook: str, request: dict[str, Any], reply: Any) -> tuple[bool, str | None]:
+        """(ok, reason): would an agent call use this reply of a plugin's `hook`? reason: why not."""
+        cfg = self.config.get()
+        req = normalise(hook, request, after_turn_max_chars=cfg.context_engine.after_turn_max_chars,
+                        context_window_tokens=cfg.context_engine.context_window_tokens)
+        check = self.judge_for(hook, req, cfg)
+        problem = check(reply)[0] if check is not None else None
+        return (problem is None), (f"{P.INVALID_OUTPUT}: {problem}" if problem else None)
+
     def test_hook(self, name: str, hook: str, request: dict[str, Any]) -> Attempt:
+        """One run of a plugin's hook, judged exactly as an agent call judges it: a reply the engine would not use
+        (e.g. assemble with no messages) comes back as an invalid_output failure, not as "ok"."""
         cfg = self.config.get()
         req = normalise(hook, request, after_turn_max_chars=cfg.context_engine.after_turn_max_chars,
                         context_window_tokens=cfg.context_engine.context_window_tokens)
         entry = self.catalog.get(name)
         return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides_for(name))
+                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides_for(name),
+                      allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars), judge=self.judge_for(hook, req, cfg))
 
 
 def _stamp(path) -> tuple:

@@ -952,6 +952,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
 # Scaffold: a working wasm plugin from WAT
 # ---------------------------------------------------------------------------------------------------------------
 
+# The constant replies of the scaffolded modules (engine/scaffold.py builds the plugin; its assemble and compact
+# modules echo the request's messages instead, since an empty list makes every agent call fall back).
 SCAFFOLD_REPLIES = {
     "ingest": {"type": "ingest_result", "memories": []},
     "assemble": {"type": "assemble_result", "messages": []},
@@ -996,29 +998,6 @@ def hook_wat(log_line: str, reply: Any) -> str:
     (call $az_log (i32.const 2) (i32.const {msg_at}) (i32.const {len(msg)}))
     (i64.or (i64.const {out_at}) (i64.shl (i64.const {len(out)}) (i64.const 32)))))
 """
-
-
-def scaffold_files(name: str, description: str, hooks: list[str]) -> dict[str, bytes]:
-    """A working `runtime = "wasm"` plugin: plugin.toml, and per hook a real module compiled from WAT + its source."""
-    unknown = [h for h in hooks if h not in SCAFFOLD_REPLIES]
-    if unknown:
-        raise ValueError(f"unknown hook(s): {', '.join(unknown)}")
-    if not hooks:
-        raise ValueError("a plugin needs at least one hook")
-    files: dict[str, bytes] = {}
-    lines = [f"name = {json.dumps(name)}", 'version = "0.1.0"', f"description = {json.dumps(description)}",
-             'author = ""', "", "[hooks]", 'runtime = "wasm"']
-    for hook in hooks:
-        wat = hook_wat(f"{name}: {hook} called", SCAFFOLD_REPLIES[hook])
-        files[f"hooks/{hook}.wat"] = wat.encode("utf-8")
-        files[f"hooks/{hook}.wasm"] = bytes(wasmtime.wat2wasm(wat))
-        lines.append(f'{hook} = "hooks/{hook}.wasm"')
-    lines += ["", "# Host calls beyond az_log need a capability here AND the service policy",
-              "# ([runtime.wasm] allowed_host_calls in config.toml), e.g. \"host:az_env_get\";",
-              "# az_http_get also needs allow_network = true in [hooks] and the host in allowed_hosts.",
-              "[wasm]", "capabilities = []", ""]
-    files["plugin.toml"] = "\n".join(lines).encode("utf-8")
-    return files
 
 
 # ---------------------------------------------------------------------------------------------------------------

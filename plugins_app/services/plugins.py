@@ -68,10 +68,11 @@ def _changed(name: str, what: str, actor: str, action: str, details: dict | None
 
 # ---- scaffold ----
 
-def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] | None, actor: str) -> PluginSummary:
+def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] | None, actor: str,
+                    author: str = "") -> PluginSummary:
     """Create $LIBREFANG_HOME/plugins/<name>/ from the runtime's templates (runs as written)."""
     try:
-        p = plan(name, description, runtime, hooks)
+        p = plan(name, description, runtime, hooks, author)
     except ScaffoldError as exc:
         raise PluginError(exc.code, exc.message, 400) from exc
     h = home()

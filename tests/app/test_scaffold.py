@@ -7,7 +7,7 @@ import pytest
 
 from engine import hooks as H
 from engine.runtimes import RUNTIMES, find_launcher
-from engine.scaffold import ScaffoldError, plan
+from engine.scaffold import SCAFFOLD_HOOKS, SHAPES, ScaffoldError, plan
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request
@@ -110,7 +110,7 @@ def test_it_scaffolds_wasm_modules_that_run_or_says_it_cannot(home):
         from engine import wasm
     except ImportError:
         wasm = None
-    if wasm is None or not hasattr(wasm, "scaffold_files"):
+    if wasm is None:
         with pytest.raises(ScaffoldError) as exc:
             plan("w", "d", "wasm", None)
         assert exc.value.code == "runtime_not_scaffoldable"
@@ -121,3 +121,83 @@ def test_it_scaffolds_wasm_modules_that_run_or_says_it_cannot(home):
     for hook in ("ingest", "assemble", "after_turn"):
         attempt = engine.test_hook("wasmy", hook, example_request(hook))
         assert attempt.ok and isinstance(attempt.reply, dict), (hook, attempt.failure)
+
+
+# ---- every template passes a real agent call (issue: the test console said "ok" while agents fell back) ----
+
+SCAFFOLD_RUNTIMES = [*TEXT_RUNTIMES, "wasm"]
+
+
+def _serve(home, name):
+    home.config_path.write_text(f'[context_engine]\nplugin = "{name}"\n')
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("runtime", SCAFFOLD_RUNTIMES)
+def test_it_scaffolds_seven_hooks_that_pass_real_agent_calls(home, runtime):
+    if not _installed(runtime):
+        pytest.skip(f"{runtime} launcher not installed")
+    name = f"real-{runtime}"
+    scaffold_plugin(name, "d", runtime, list(SCAFFOLD_HOOKS), actor="test", author="Ada")
+    _serve(home, name)
+    engine = ContextEngine(EngineDeps(home=home))
+    for hook in SCAFFOLD_HOOKS:
+        request = example_request(hook)
+        reply = engine.handle(hook, request)
+        assert reply.source == name and reply.fallback_reason is None, (hook, reply)
+        if hook in (H.ASSEMBLE, H.COMPACT):
+            assert reply.result["messages"] == request["messages"], (hook, reply.result)
+        # the test console's verdict is the agent call's verdict
+        attempt = engine.test_hook(name, hook, request)
+        assert attempt.ok and engine.judge(hook, request, attempt.reply) == (True, None), (hook, attempt.failure)
+
+
+@pytest.mark.parametrize("runtime", SCAFFOLD_RUNTIMES)
+def test_it_writes_all_seven_templates_and_comments_out_the_unused_ones(runtime):
+    try:
+        p = plan("seven", "d", runtime, None, author="Ada")
+    except ScaffoldError as exc:  # wasm without wasmtime
+        pytest.skip(exc.message)
+    text = p.files["plugin.toml"].decode()
+    raw = tomllib.loads(text)
+    assert raw["author"] == "Ada"
+    active = {h for h in H.ALL_HOOKS if h in raw["hooks"]}
+    assert active == {H.INGEST, H.AFTER_TURN}
+    for hook in SCAFFOLD_HOOKS:
+        rel = next(f for f in p.files if (f.startswith(f"hooks/{hook}.") or f == f"hooks/{hook}")
+                   and not f.endswith(".wat"))
+        if hook not in active:
+            line = f'# {hook} = "{rel}"'
+            assert line in text.splitlines(), (hook, text)
+            request, reply = SHAPES[hook]
+            assert f"receives {request}" in text and f"answers {reply}" in text
+    # uncommenting works: every commented hook line parses once the "# " is removed
+    uncommented = "\n".join(ln[2:] if ln.startswith("# ") and " = \"hooks/" in ln else ln for ln in text.splitlines())
+    assert {h for h in SCAFFOLD_HOOKS if h in tomllib.loads(uncommented)["hooks"]} == set(SCAFFOLD_HOOKS)
+
+
+@pytest.mark.django_db
+def test_it_uncommented_hooks_serve_agents(home):
+    scaffold_plugin("uncomment", "d", "python", None, actor="test")
+    path = home.plugin_dir("uncomment") / "plugin.toml"
+    path.write_text(path.read_text().replace('# assemble = "hooks/assemble.py"', 'assemble = "hooks/assemble.py"'))
+    _serve(home, "uncomment")
+    reply = ContextEngine(EngineDeps(home=home)).handle(H.ASSEMBLE, example_request(H.ASSEMBLE))
+    assert reply.source == "uncomment" and reply.fallback_reason is None
+
+
+@pytest.mark.django_db
+def test_it_judges_a_test_console_run_as_an_agent_call_does(home):
+    """A plugin whose assemble answers no messages: the console shows the same failure the agent's fallback names."""
+    scaffold_plugin("empty-asm", "d", "python", [H.ASSEMBLE], actor="test")
+    script = home.plugin_dir("empty-asm") / "hooks" / "assemble.py"
+    script.write_text('import json\nprint(json.dumps({"type": "assemble_result", "messages": []}))\n')
+    _serve(home, "empty-asm")
+    engine = ContextEngine(EngineDeps(home=home))
+    request = example_request(H.ASSEMBLE)
+    agent = engine.handle(H.ASSEMBLE, request)
+    console = engine.test_hook("empty-asm", H.ASSEMBLE, request)
+    assert agent.source == "default"
+    assert not console.ok and console.failure.kind == "invalid_output"
+    assert agent.fallback_reason == f"empty-asm: {console.failure}"
+    assert engine.judge(H.ASSEMBLE, request, console.reply) == (False, str(console.failure))

@@ -128,9 +128,16 @@ def test_it_accepts_a_min_version_at_or_below_ours():
     parse('name = "p"\nlibrefang_min_version = "2026.4.0-beta1"\n')
 
 
-def test_it_warns_about_unknown_runtimes_newer_protocols_and_bad_regexes():
-    _, found = parse('name = "p"\n[hooks]\nruntime = "cobol"\nhook_protocol_version = 2\ningest_regex = "(("\n')
-    assert ids(found) == ["manifest.runtime_unknown", "manifest.protocol_newer", "manifest.ingest_regex_invalid"]
+def test_it_warns_about_newer_protocols_and_bad_regexes():
+    _, found = parse('name = "p"\n[hooks]\nhook_protocol_version = 2\ningest_regex = "(("\n')
+    assert ids(found) == ["manifest.protocol_newer", "manifest.ingest_regex_invalid"]
+
+
+def test_it_refuses_an_unknown_runtime_instead_of_running_it_as_python():
+    with pytest.raises(ManifestError) as exc:
+        parse('name = "p"\n[hooks]\nruntime = "cobol"\n')
+    assert [(f.id, f.severity) for f in exc.value.findings] == [("manifest.runtime_unknown", "error")]
+    assert "'cobol'" in str(exc.value)
 
 
 # ---- [env] ----
