@@ -205,3 +205,53 @@ def test_it_runs_daphne_alone_as_librefang_web(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+def _unit(path: Path) -> dict[str, str]:
+    keys = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            keys[key.strip()] = value.strip()
+    return keys
+
+
+def _seconds(value: str) -> float:
+    return float(value[:-2]) / 1000 if value.endswith("ms") else float(value.rstrip("s"))
+
+
+def test_it_ships_systemd_units_that_restart_like_the_supervisor():
+    import shutil
+
+    from librefang_site import supervisor
+
+    deploy = REPO / "deploy"
+    web, worker = _unit(deploy / "librefang-web.service"), _unit(deploy / "librefang-worker@.service")
+    assert web["ExecStart"].endswith("librefang web") and worker["ExecStart"].endswith("librefang worker")
+    for unit in (web, worker):
+        assert unit["Restart"] == "on-failure" and unit["KillMode"] == "control-group"
+        assert _seconds(unit["RestartSec"]) == supervisor.BACKOFF_FIRST_SECS
+        assert _seconds(unit["RestartMaxDelaySec"]) == supervisor.BACKOFF_MAX_SECS
+        assert unit["StartLimitIntervalSec"] == "0"  # like the supervisor, never give up
+        assert unit["EnvironmentFile"] == "/etc/librefang/librefang.env"
+    env_keys = {line.split("=")[0].lstrip("#") for line in (deploy / "librefang.env.example").read_text().splitlines()
+                if "=" in line and not line.startswith("# ")}
+    assert {"LIBREFANG_HOME", "REDIS_URL", "LIBREFANG_LISTEN"} <= env_keys
+    if shutil.which("systemd-analyze") is None:
+        return
+    # systemd's own parser, on copies pointing at this checkout (verify checks that ExecStart exists)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        units = []
+        for name, instance in (("librefang-web.service", "librefang-web.service"),
+                               ("librefang-worker@.service", "librefang-worker@1.service")):
+            text = (deploy / name).read_text().replace("/opt/librefang/.venv", str(Path(sys.executable).parents[1]))
+            text = text.replace("/opt/librefang", str(REPO)).replace("=librefang\n", "=root\n")
+            text = text.replace("/etc/librefang/librefang.env", str(deploy / "librefang.env.example"))
+            (Path(tmp) / instance).write_text(text)
+            units.append(str(Path(tmp) / instance))
+        done = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True, timeout=60)
+        problems = [line for line in done.stderr.splitlines()
+                    if "RestartSteps" not in line and "RestartMaxDelaySec" not in line]  # keys of systemd >= 254
+        assert done.returncode == 0 and problems == [], done.stderr
