@@ -67,6 +67,27 @@ def validated(hook: str, data: dict) -> dict:
     return data
 
 
+def inline_schema(schema: type[Schema]) -> dict:
+    """The request's JSON schema with its local `$defs` inlined (an OpenAPI document resolves `#/...` refs from
+    its own root)."""
+    doc = schema.model_json_schema()
+    defs = doc.pop("$defs", {})
+
+    def resolve(node, depth=0):
+        if depth > 20:  # recursive models: leave the rest open
+            return {}
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.rsplit("/", 1)[1]], depth + 1)
+            return {k: resolve(v, depth) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v, depth) for v in node]
+        return node
+
+    return resolve(doc)
+
+
 def _make_hook_route(hook: str):
     schema = HOOK_REQUEST_SCHEMAS[hook]
     fire_and_forget = hook in ("after_turn", "on_event")
@@ -76,7 +97,8 @@ def _make_hook_route(hook: str):
     if fire_and_forget:  # not stored because Redis is unreachable (Retry-After says when to send it again)
         responses[503] = ErrorEnvelope
 
-    async def call(request: HttpRequest, body: schema):  # type: ignore[valid-type]
+    async def call(request: HttpRequest):
+        # One parse and one validation per call (the schema is declared for OpenAPI only, not re-parsed by ninja).
         data = validated(hook, parse_body(request))
         status, reply, headers = await hook_service.call_hook(hook, data)
         response = json_response(reply, status)
@@ -90,7 +112,9 @@ def _make_hook_route(hook: str):
         "job bus is unreachable (nothing stored: send it again)." if fire_and_forget else
         "The final result after stack and fallback, with `source` and `fallback_reason`."))
     router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=AGENT, response=responses,
-                             operation_id=f"hook_{hook}")
+                             operation_id=f"hook_{hook}", openapi_extra={"requestBody": {
+                                 "required": True,
+                                 "content": {"application/json": {"schema": inline_schema(schema)}}}})
 
 
 for _hook in ALL_HOOKS:
