@@ -16,10 +16,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import registry as R
 from engine.home import Home
 from engine.manifest import NAME_RE, ManifestError, load_plugin
 
@@ -209,8 +210,33 @@ def registry_location(registry: str | None, default: str | None) -> str:
 
 
 @contextlib.contextmanager
-def fetched(source: Source, default_registry: str | None = None) -> Iterator[tuple[Path, dict]]:
-    """Yields (directory holding the plugin, provenance) for a source; temp files are removed afterwards."""
+def registry_root(location: str, ref: str | None = None) -> Iterator[tuple[Path, dict]]:
+    """(the registry's root directory, provenance): a local directory as is, a git registry cloned to a temp dir."""
+    local = Path(location).expanduser()
+    if local.is_absolute() and local.is_dir():
+        yield local.resolve(), {"registry_path": str(local.resolve())}
+        return
+    with tempfile.TemporaryDirectory(prefix="lf-registry-") as tmp:
+        rev = git_fetch(location, ref, Path(tmp) / "registry")
+        yield Path(tmp) / "registry", {"registry_url": location, "commit": rev}
+
+
+def _registry_error(exc: R.RegistryError) -> InstallError:
+    return InstallError(exc.code, exc.message, exc.status)
+
+
+def registry_listing(root: Path, cfg: R.RegistryConfig) -> R.Listing:
+    try:
+        return R.read_listing(root, cfg)
+    except R.RegistryError as exc:
+        raise _registry_error(exc) from exc
+
+
+@contextlib.contextmanager
+def fetched(source: Source, default_registry: str | None = None,
+            registries: Sequence[R.RegistryConfig] = ()) -> Iterator[tuple[Path, dict]]:
+    """Yields (directory holding the plugin, provenance) for a source; temp files are removed afterwards.
+    A registry with a configured public key must vouch for the plugin in its signed index (engine/registry.py)."""
     with tempfile.TemporaryDirectory(prefix="lf-install-") as tmp:
         tmpdir = Path(tmp)
         if source.kind == "local":
@@ -229,16 +255,19 @@ def fetched(source: Source, default_registry: str | None = None) -> Iterator[tup
             yield root, {"commit": rev}
         elif source.kind == "registry":
             loc = registry_location(source.registry, default_registry)
-            local = Path(loc).expanduser()
-            if local.is_absolute() and local.is_dir():
-                root, prov = local.resolve(), {"registry_path": str(local.resolve())}
-            else:
-                rev = git_fetch(loc, source.ref, tmpdir / "registry")
-                root, prov = tmpdir / "registry", {"registry_url": loc, "commit": rev}
-            pdir = root / "plugins" / (source.name or "")
-            if pdir.is_symlink() or not (pdir / "plugin.toml").is_file():
-                raise InstallError("not_found", f"registry {loc} has no plugins/{source.name}/plugin.toml", 404)
-            yield pdir, prov
+            cfg = R.config_for(source.registry or default_registry or "", list(registries))
+            with registry_root(loc, source.ref) as (root, prov):
+                pdir = root / "plugins" / (source.name or "")
+                if pdir.is_symlink() or not (pdir / "plugin.toml").is_file():
+                    raise InstallError("not_found", f"registry {loc} has no plugins/{source.name}/plugin.toml", 404)
+                if cfg.public_key or cfg.signatures_required:
+                    listing = registry_listing(root, cfg)
+                    try:
+                        R.check_membership(listing, source.name or "", pdir, cfg)
+                    except R.RegistryError as exc:
+                        raise _registry_error(exc) from exc
+                    prov = {**prov, "index_signed": listing.signed}
+                yield pdir, prov
         else:  # pragma: no cover - Source.parse forbids it
             raise InstallError("invalid_source", f"unknown source kind {source.kind!r}")
 
@@ -317,19 +346,33 @@ def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, li
         try:
             load_plugin(staged, check_integrity=True)
         except ManifestError as exc:
-            code = "integrity_failed" if any(f.id.startswith("integrity") for f in exc.findings) else "invalid_manifest"
-            raise InstallError(code, f"the plugin cannot be installed: {exc}", 400,
-                               [f.to_dict() for f in exc.findings]) from exc
+            # the staging dir has no siblings: a dependency counts as present when it is installed in this home
+            errors = [f for f in exc.findings if f.severity == "error" and not (
+                f.id == "manifest.depends_missing" and _dependency_installed(home, f.message))]
+            if errors:
+                code = "integrity_failed" if any(f.id.startswith("integrity") for f in errors) else "invalid_manifest"
+                raise InstallError(code, "the plugin cannot be installed: " + "; ".join(f.message for f in errors),
+                                   400, [f.to_dict() for f in exc.findings]) from exc
         return staging_root, staged, pname, skipped
     except BaseException:
         shutil.rmtree(staging_root, ignore_errors=True)
         raise
 
 
-def install(home: Home, source: Source, default_registry: str | None = None) -> dict:
+def _dependency_installed(home: Home, message: str) -> bool:
+    m = re.search(r"plugin_depends: '([A-Za-z0-9][A-Za-z0-9_-]*)'", message)
+    return bool(m) and (home.plugin_dir(m.group(1)) / "plugin.toml").is_file()
+
+
+def install(home: Home, source: Source, default_registry: str | None = None,
+            registries: Sequence[R.RegistryConfig] = ()) -> dict:
     """Fetch, validate and install a new plugin; records it in the lockfile. Raises InstallError."""
-    with fetched(source, default_registry) as (src, provenance):
-        staging_root, staged, name, skipped = _stage(home, src, source.name)
+    with fetched(source, default_registry, registries) as (src, provenance):
+        return _install_fetched(home, source, src, provenance)
+
+
+def _install_fetched(home: Home, source: Source, src: Path, provenance: dict) -> dict:
+    staging_root, staged, name, skipped = _stage(home, src, source.name)
     try:
         target = home.plugin_dir(name)
         lock = Lockfile(home)
@@ -348,7 +391,8 @@ def install(home: Home, source: Source, default_registry: str | None = None) -> 
             "skipped_symlinks": skipped, "restart_required": False}
 
 
-def update(home: Home, name: str, force: bool = False, default_registry: str | None = None) -> dict:
+def update(home: Home, name: str, force: bool = False, default_registry: str | None = None,
+           registries: Sequence[R.RegistryConfig] = ()) -> dict:
     """Re-fetch an installed plugin from its recorded source. Refuses locally edited files unless force."""
     lock = Lockfile(home)
     entry = lock.entry(name)
@@ -363,7 +407,7 @@ def update(home: Home, name: str, force: bool = False, default_registry: str | N
         raise InstallError("locally_modified", f"plugin {name!r} has local edits; update with force to overwrite them",
                            409, changes)
     source = Source(**{k: v for k, v in entry["source"].items() if k in Source.__dataclass_fields__})
-    with fetched(source, default_registry) as (src, provenance):
+    with fetched(source, default_registry, registries) as (src, provenance):
         staging_root, staged, new_name, skipped = _stage(home, src, name)
     try:
         with lock.locked() as data:
@@ -402,3 +446,134 @@ def uninstall(home: Home, name: str) -> dict:
         shutil.rmtree(trash, ignore_errors=True)
         had_entry = data["plugins"].pop(name, None) is not None
     return {"removed": True, "name": name, "was_locked": had_entry}
+
+
+# ---- a plugin and the plugins it depends on, from one registry ----
+
+def dependency_order(name: str, depends_of) -> list[str]:
+    """Depth-first topological order (dependencies first, `name` last) over `depends_of(n) -> [names]`.
+    Raises InstallError on a cycle or an unknown plugin (depends_of returns None)."""
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        if state.get(n) == "done":
+            return
+        if state.get(n) == "visiting":
+            raise InstallError("dependency_cycle", "plugin dependencies form a cycle: " + " -> ".join([*path, n]))
+        deps = depends_of(n)
+        if deps is None:
+            raise InstallError("dependency_not_found", f"{' -> '.join([*path, n])}: plugin {n!r} is not in the "
+                                                       "registry", 404 if not path else 400)
+        state[n] = "visiting"
+        for d in deps:
+            if not isinstance(d, str) or not NAME_RE.match(d):
+                raise InstallError("invalid_name", f"plugin {n!r} depends on an invalid name {d!r}")
+            visit(d, [*path, n])
+        state[n] = "done"
+        order.append(n)
+
+    visit(name, [])
+    return order
+
+
+def install_with_dependencies(home: Home, name: str, registry: str | None, default_registry: str | None,
+                              registries: Sequence[R.RegistryConfig] = (), ref: str | None = None) -> dict:
+    """Install `name` and, first, every plugin it depends on (`plugin_depends`, transitively) from the same registry,
+    fetched once. Plugins already installed are left as they are. Stops at the first failure (what was installed
+    before it stays installed and is reported)."""
+    if not NAME_RE.match(name or ""):
+        raise InstallError("invalid_name", f"plugin name {name!r} is not allowed")
+    loc = registry_location(registry, default_registry)
+    cfg = R.config_for(registry or default_registry or "", list(registries))
+    ref = check_git_ref(ref)
+    with registry_root(loc, ref) as (root, prov):
+        listing = registry_listing(root, cfg) if (cfg.public_key or cfg.signatures_required) else None
+
+        def depends_of(n: str) -> list[str] | None:
+            toml = root / "plugins" / n / "plugin.toml"
+            if (root / "plugins" / n).is_symlink() or not toml.is_file():
+                return None
+            try:
+                from engine.manifest import parse_manifest_text
+
+                return list(parse_manifest_text(toml.read_text(encoding="utf-8"))[0].plugin_depends)
+            except (ManifestError, OSError, UnicodeDecodeError) as exc:
+                raise InstallError("invalid_manifest", f"plugins/{n}/plugin.toml is invalid: {exc}") from exc
+
+        order = dependency_order(name, depends_of)
+        installed, present = [], []
+        for n in order:
+            if (home.plugin_dir(n) / "plugin.toml").exists():
+                present.append(n)
+                continue
+            pdir = root / "plugins" / n
+            provenance = dict(prov)
+            if listing is not None:
+                try:
+                    R.check_membership(listing, n, pdir, cfg)
+                except R.RegistryError as exc:
+                    raise _registry_error(exc) from exc
+                provenance["index_signed"] = listing.signed
+            source = Source("registry", registry=registry, name=n, ref=ref)
+            _install_fetched(home, source, pdir, provenance)
+            installed.append(n)
+    return {"name": name, "order": order, "installed": installed, "already_installed": present,
+            "count": len(installed), "message": f"installed {len(installed)} plugin(s): {', '.join(installed)}"
+            if installed else "everything was already installed"}
+
+
+# ---- export and update-check ----
+
+EXPORT_LOCK_NAME = "librefang-lock.json"
+
+
+def export_archive(home: Home, name: str) -> bytes:
+    """A gzip tarball of the plugin directory (`<name>/…`, no symlinks, no .git or caches) plus
+    `<name>/librefang-lock.json`: its plugins.lock entry (source, version, per-file sha256), or null if untracked."""
+    import io
+    import tarfile
+
+    target = home.plugin_dir(name)
+    if not NAME_RE.match(name or "") or target.is_symlink() or not (target / "plugin.toml").is_file():
+        raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in sorted(file_hashes(target)):
+            tar.add(target / rel, arcname=f"{name}/{rel}", recursive=False)
+        lock = json.dumps({"name": name, "entry": Lockfile(home).entry(name)}, indent=2, sort_keys=True).encode()
+        info = tarfile.TarInfo(f"{name}/{EXPORT_LOCK_NAME}")
+        info.size = len(lock)
+        info.mtime = int(time.time())
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(lock))
+    return buf.getvalue()
+
+
+def update_check(home: Home, name: str, default_registry: str | None = None,
+                 registries: Sequence[R.RegistryConfig] = ()) -> dict:
+    """Fetch the plugin's recorded source and compare versions (and, for git, commits); nothing is changed."""
+    entry = Lockfile(home).entry(name)
+    target = home.plugin_dir(name)
+    if not (target / "plugin.toml").is_file():
+        raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
+    installed_version = load_plugin(target, check_integrity=False).manifest.version
+    if entry is None:
+        raise InstallError("not_tracked", f"plugin {name!r} was not installed from a source (no lockfile entry); "
+                                          "there is nothing to compare with", 409)
+    source = Source(**{k: v for k, v in entry["source"].items() if k in Source.__dataclass_fields__})
+    from engine.manifest import parse_manifest_text
+
+    with fetched(source, default_registry, registries) as (src, provenance):
+        try:
+            available = parse_manifest_text((src / "plugin.toml").read_text(encoding="utf-8"))[0].version
+        except (ManifestError, OSError, UnicodeDecodeError) as exc:
+            raise InstallError("invalid_manifest", f"the source's plugin.toml is invalid: {exc}", 502) from exc
+        upstream_files = file_hashes(src)
+    installed_commit = (entry.get("provenance") or {}).get("commit")
+    changed = upstream_files != entry.get("files")
+    return {"plugin": name, "installed_version": installed_version, "available_version": available,
+            "update_available": R.is_newer(available, installed_version) or (available == installed_version and changed),
+            "newer_version": R.is_newer(available, installed_version), "source_changed": changed,
+            "installed_commit": installed_commit, "available_commit": provenance.get("commit"),
+            "source": source.to_dict()}

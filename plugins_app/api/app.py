@@ -1,6 +1,6 @@
 from ninja import NinjaAPI
 
-from plugins_app.api import context_engine, fallback, health, memories
+from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.errors import install_handlers
@@ -47,6 +47,7 @@ api = Api(
 install_handlers(api)
 api.add_router("/", health.router)
 api.add_router("/context-engine", context_engine.router)
+api.add_router("/context-engine", context_engine_extra.router)
 api.add_router("/plugins", plugins_api.router)
 api.add_router("/tools", tools_api.router)
 api.add_router("/memories", memories.router)

@@ -1,45 +1,67 @@
-"""Plugin management routes, with LibreFang's paths and shapes (research §5.3).
+"""Plugin management routes, with LibreFang's paths and shapes.
 
-Roles (DESIGN §5, LibreFang #6631): owner for anything that runs or writes plugin code (scaffold, install, update,
-install-deps, reload, enable, test-hook); admin for disable and uninstall (shutting a bad plugin off); viewer reads.
+Roles (LibreFang #6631): owner for anything that runs or writes plugin code (scaffold, install, install-with-deps,
+update, install-deps, reload, enable, test-hook, benchmark, batch, and PUT env / advanced-config: an environment
+variable such as LD_PRELOAD or a sandbox switch changes what code runs and with what reach); admin for shutting a bad
+plugin off or cleaning up after it (disable, uninstall, DELETE state) and for export (plugin.toml's [env] may hold
+API keys, which GET env masks); viewer reads.
 """
 
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
+from pydantic import ValidationError as PydanticValidationError
 
 from engine import hooks as H
-from plugins_app.api.context_engine import optional_body, optional_body_openapi, validated
-from plugins_app.api.errors import ApiError, json_response
+from plugins_app.api.context_engine import optional_body_openapi, validated
+from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
 from plugins_app.schemas import (
     NAME_PATTERN,
+    AdvancedConfigIn,
+    AdvancedConfigOut,
+    BatchIn,
+    BatchOut,
+    BenchmarkIn,
+    BenchmarkOut,
     DoctorOut,
     EnabledOut,
+    EnvIn,
     ErrorEnvelope,
     InstallIn,
     InstallOut,
+    InstallWithDepsIn,
+    InstallWithDepsOut,
     LintOut,
     NameIn,
+    PluginEnvOut,
     PluginHealthOut,
     PluginListOut,
     PluginOut,
+    PluginStateOut,
     PluginStatusOut,
+    RegistriesOut,
+    RegistrySearchOut,
     ReloadOut,
     ScaffoldIn,
     ScaffoldOut,
+    StateWipeOut,
     TestHookIn,
     TestHookOut,
     UninstallOut,
+    UpdateCheckOut,
     UpdateIn,
     UpdateOut,
 )
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
+from plugins_app.selectors import registries as registry_selectors
+from plugins_app.selectors import state as state_selectors
 from plugins_app.services import audit
+from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services.engine import get_engine
@@ -48,6 +70,21 @@ router = Router(tags=["plugins"])
 PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
      413: ErrorEnvelope}
+
+
+def json_body(request: HttpRequest, schema):
+    """The body parsed as JSON whatever its Content-Type (curl -d sends application/x-www-form-urlencoded), as the
+    hook routes and install do; an empty body means the schema's defaults."""
+    if not request.body.strip() or (request.content_type == "multipart/form-data"
+                                    and not request.POST and not request.FILES):
+        data = {}  # nothing sent (an empty multipart body is how some clients send "nothing")
+    else:
+        data = parse_body(request)
+    try:
+        return schema.model_validate(data)
+    except PydanticValidationError as exc:
+        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise ApiError(400, "validation_error", "The request does not match the expected shape.", details) from exc
 
 
 def _lang(request: HttpRequest) -> str | None:
@@ -99,6 +136,37 @@ def install(request, body: InstallIn):
 @router.post("/uninstall", auth=ADMIN, response={200: UninstallOut, **E}, operation_id="plugins_uninstall")
 def uninstall(request, body: NameIn):
     return json_response(plugin_service.uninstall_plugin(body.name, actor=actor(request)))
+
+
+# ---- routes with fixed paths: declared before /{name}, which would otherwise take them ----
+
+@router.post("/install-with-deps", auth=OWNER, response={201: InstallWithDepsOut, **E},
+             operation_id="plugins_install_with_deps")
+def install_with_deps(request, body: InstallWithDepsIn):
+    """Install a registry plugin and, first, every plugin it depends on (`plugin_depends`, transitively; cycles are
+    refused), from one fetch of the registry. Plugins already installed are kept as they are."""
+    return json_response(plugin_service.install_with_deps(body.name, body.registry or body.github_repo, body.ref,
+                                                          actor=actor(request)), 201)
+
+
+@router.post("/batch", auth=OWNER, response={200: BatchOut, **E}, operation_id="plugins_batch")
+def batch(request, body: BatchIn):
+    """enable, disable or reload several plugins; one result per plugin (a failure does not stop the others)."""
+    return json_response(plugin_service.batch(body.operation, body.plugins, actor=actor(request)))
+
+
+@router.get("/registry/search", auth=VIEWER, response={200: RegistrySearchOut, **E, 502: ErrorEnvelope},
+            operation_id="plugins_registry_search")
+def registry_search(request, q: str = Query("", max_length=200), registry: str | None = Query(None, max_length=4096)):
+    """Plugins of a registry (default: the first configured) whose name, description or author hold every word
+    of `q`; a registry with a configured key must present a valid signed index.json."""
+    return json_response(registry_selectors.search(q, registry))
+
+
+@router.get("/registries", auth=VIEWER, response={200: RegistriesOut, **E}, operation_id="plugins_registries")
+def registries(request):
+    """Every configured registry with what it offers (or the error that kept it from being read)."""
+    return json_response(registry_selectors.registries())
 
 
 def _plugin_or_404(name: str, request: HttpRequest):
@@ -198,7 +266,7 @@ def disable(request, name: str = PluginPath):
              openapi_extra=optional_body_openapi(UpdateIn))
 def update(request, name: str = PluginPath):
     """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
-    body = optional_body(request, UpdateIn)
+    body = json_body(request, UpdateIn)
     return json_response(plugin_service.update_plugin(name, body.force, actor=actor(request)))
 
 
@@ -236,3 +304,88 @@ async def test_hook(request, body: TestHookIn, name: str = PluginPath):
                                       details={"hook": body.hook, "trace_id": out["trace_id"],
                                                "error": (out["error"] or {}).get("kind")})
     return json_response(out)
+
+
+# ---- more of LibreFang's per-plugin routes ----
+
+def _installed_or_404(name: str) -> None:
+    if not get_engine().catalog.exists(name):
+        raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
+
+
+@router.post("/{name}/benchmark", auth=OWNER, response={200: BenchmarkOut, **E}, operation_id="plugins_benchmark",
+             openapi_extra=optional_body_openapi(BenchmarkIn))
+async def benchmark(request, name: str = PluginPath):
+    """Run each declared hook (or `hook` only) `runs` times (default 5, max 50), one after another, through a
+    worker as the test console does; latency_ms is what the worker measured per run (p50/p95/p99 of these runs)."""
+    body = json_body(request, BenchmarkIn)
+    if body.hook and body.input is not None:
+        validated(body.hook, body.input)
+    return json_response(await benchmark_service.benchmark(name, body.hook, body.input, body.runs, actor(request)))
+
+
+@router.get("/{name}/export", auth=ADMIN, response={200: bytes, **E}, operation_id="plugins_export",
+            openapi_extra={"responses": {"200": {"description": "`<name>.tar.gz`: the plugin directory and "
+                                                               "`<name>/librefang-lock.json` (its plugins.lock entry)",
+                                                "content": {"application/gzip": {"schema": {"type": "string",
+                                                                                            "format": "binary"}}}}}})
+def export(request, name: str = PluginPath):
+    data = plugin_service.export_plugin(name, actor(request))
+    resp = HttpResponse(data, content_type="application/gzip")
+    resp["Content-Disposition"] = f'attachment; filename="{name}.tar.gz"'
+    return resp
+
+
+@router.get("/{name}/update-check", auth=VIEWER, response={200: UpdateCheckOut, **E, 502: ErrorEnvelope},
+            operation_id="plugins_update_check")
+def update_check(request, name: str = PluginPath):
+    """Fetch the recorded source and compare: a newer version, or the same version with different files."""
+    return json_response(plugin_service.update_check(name))
+
+
+@router.get("/{name}/state", auth=VIEWER, response={200: PluginStateOut, **E}, operation_id="plugins_state")
+def state(request, name: str = PluginPath):
+    """The plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>): size, files, agents with a state file."""
+    _installed_or_404(name)
+    return json_response(state_selectors.plugin_state(name))
+
+
+@router.delete("/{name}/state", auth=ADMIN, response={200: StateWipeOut, **E}, operation_id="plugins_state_wipe")
+def wipe_state(request, name: str = PluginPath):
+    """Empty the plugin's data directory (per-agent state, bootstrap overrides, whatever its hooks stored)."""
+    return json_response(plugin_service.wipe_state(name, actor=actor(request)))
+
+
+@router.get("/{name}/env", auth=VIEWER, response={200: PluginEnvOut, **E}, operation_id="plugins_env")
+def env(request, name: str = PluginPath):
+    """[env] of plugin.toml (values of keys naming a key, secret, password or token shown as ***) and env_schema."""
+    _installed_or_404(name)
+    return json_response(state_selectors.plugin_env(name))
+
+
+@router.put("/{name}/env", auth=OWNER, response={200: PluginEnvOut, **E}, operation_id="plugins_env_set",
+            openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                "schema": EnvIn.model_json_schema()}}}})
+def set_env(request, name: str = PluginPath):
+    """Set keys of [env] (null removes one); written to plugin.toml, used from the next hook call."""
+    body = json_body(request, EnvIn)
+    return json_response(plugin_service.set_env(name, body.env, actor=actor(request)))
+
+
+@router.get("/{name}/advanced-config", auth=VIEWER, response={200: AdvancedConfigOut, **E},
+            operation_id="plugins_advanced_config")
+def advanced_config(request, name: str = PluginPath):
+    _installed_or_404(name)
+    return json_response(state_selectors.advanced_config(name))
+
+
+@router.put("/{name}/advanced-config", auth=OWNER, response={200: AdvancedConfigOut, **E},
+            operation_id="plugins_advanced_config_set",
+            openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                "schema": AdvancedConfigIn.model_json_schema()}}}})
+def set_advanced_config(request, name: str = PluginPath):
+    """Change [hooks] settings (timeout, retries, caches, allow_network, limits…); only the keys given change,
+    null restores a default. The whole manifest is validated before plugin.toml is written."""
+    body = json_body(request, AdvancedConfigIn)
+    return json_response(plugin_service.set_advanced_config(name, body.model_dump(exclude_unset=True),
+                                                            actor=actor(request)))

@@ -19,6 +19,7 @@ from typing import Any
 from django.db import IntegrityError
 
 from engine import install as I
+from engine import registry as R
 from engine.catalog import DISABLED_MARKER
 from engine.manifest import NAME_RE, ManifestError
 from engine.scaffold import ScaffoldError, plan
@@ -164,6 +165,11 @@ def default_registry() -> str | None:
     return None
 
 
+def registry_configs() -> list[R.RegistryConfig]:
+    """The registries of `[plugins]` in config.toml, each with its trust settings (engine/registry.py)."""
+    return R.parse_registries(_raw_config().get("plugins"))
+
+
 def _from_install_error(exc: I.InstallError) -> PluginError:
     return PluginError(exc.code, exc.message, exc.status, exc.details)
 
@@ -183,7 +189,7 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
             return {**prior.response, "idempotent_replay": True}
     try:
         src = I.Source.parse(source)
-        result = I.install(home(), src, default_registry())
+        result = I.install(home(), src, default_registry(), registry_configs())
     except I.InstallError as exc:
         audit.record(actor, "plugin.install", str(source.get("name") or source.get("path") or source.get("url") or ""),
                      ok=False, details={"source": source, "error": exc.message})
@@ -202,7 +208,8 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
 def update_plugin(name: str, force: bool, actor: str) -> dict:
     _require_installed(name)
     try:
-        result = I.update(home(), name, force=force, default_registry=default_registry())
+        result = I.update(home(), name, force=force, default_registry=default_registry(),
+                          registries=registry_configs())
     except I.InstallError as exc:
         audit.record(actor, "plugin.update", name, ok=False, details={"error": exc.message, "force": force})
         raise _from_install_error(exc) from exc
@@ -294,3 +301,178 @@ def set_engine_config(plugin: str | None, plugin_stack: list[str] | None, actor:
     from plugins_app.selectors.config import engine_config
 
     return engine_config()
+
+
+# ---- LibreFang's further plugin routes: install-with-deps, batch, export, update-check, state, env,
+# advanced-config, registries (kept apart from the reload/enable/disable paths above) ----
+
+def install_with_deps(name: str, registry: str | None, ref: str | None, actor: str) -> dict:
+    """Install a registry plugin after the plugins it depends on (plugin_depends), from one fetch of the registry."""
+    _check_name(name)
+    try:
+        result = I.install_with_dependencies(home(), name, registry, default_registry(), registry_configs(), ref)
+    except I.InstallError as exc:
+        audit.record(actor, "plugin.install_with_deps", name, ok=False,
+                     details={"registry": registry, "error": exc.message})
+        raise _from_install_error(exc) from exc
+    for n in result["installed"]:
+        get_engine().catalog.forget(n)
+        _changed(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
+                                                           "as_dependency_of": name if n != name else None})
+    return result
+
+
+BATCH_OPERATIONS = ("enable", "disable", "reload")
+
+
+def batch(operation: str, names: list[str], actor: str) -> dict:
+    """The same operation on several plugins; each gets its own result, one failure does not stop the others."""
+    if operation not in BATCH_OPERATIONS:
+        raise PluginError("invalid_operation", f"operation must be one of {', '.join(BATCH_OPERATIONS)}", 400)
+    results = []
+    for name in names:
+        try:
+            if operation == "reload":
+                out = reload_plugin(name, actor=actor)
+            else:
+                out = set_enabled(name, operation == "enable", actor=actor)
+            results.append({"plugin": name, "ok": True, "result": out})
+        except PluginError as exc:
+            results.append({"plugin": name, "ok": False, "status": exc.status, "error": exc.to_dict()})
+    return {"operation": operation, "results": results, "all_ok": all(r["ok"] for r in results),
+            "succeeded": sum(r["ok"] for r in results), "failed": sum(not r["ok"] for r in results)}
+
+
+def export_plugin(name: str, actor: str) -> bytes:
+    _require_installed(name)
+    try:
+        data = I.export_archive(home(), name)
+    except I.InstallError as exc:
+        raise _from_install_error(exc) from exc
+    audit.record(actor, "plugin.export", name, details={"bytes": len(data)})
+    return data
+
+
+def update_check(name: str) -> dict:
+    _require_installed(name)
+    try:
+        return I.update_check(home(), name, default_registry(), registry_configs())
+    except I.InstallError as exc:
+        raise _from_install_error(exc) from exc
+
+
+def wipe_state(name: str, actor: str) -> dict:
+    """Empty the plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>: per-agent state files, bootstrap
+    overrides, anything its hooks wrote there). The directory itself stays."""
+    _require_installed(name)
+    root = home().data_dir(name)
+    removed, freed = 0, 0
+    if root.is_dir() and not root.is_symlink():
+        for child in list(root.iterdir()):
+            for dirpath, _dirs, files in os.walk(child) if child.is_dir() and not child.is_symlink() else []:
+                for f in files:
+                    try:
+                        freed += os.lstat(os.path.join(dirpath, f)).st_size
+                        removed += 1
+                    except OSError:
+                        pass
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                try:
+                    freed += child.lstat().st_size
+                    removed += 1
+                    child.unlink()
+                except OSError:
+                    pass
+    _changed(name, "state_wiped", actor, "plugin.state_wipe", {"files_removed": removed, "bytes_freed": freed})
+    return {"plugin": name, "wiped": True, "files_removed": removed, "bytes_freed": freed, "path": str(root)}
+
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# Settings of [hooks] an operator may change over the API; the hook script paths and runtime are the plugin's own.
+ADVANCED_KEYS = ("hook_timeout_secs", "on_hook_failure", "max_retries", "retry_delay_ms", "ingest_filter",
+                 "ingest_regex", "only_for_agent_ids", "hook_cache_ttl_secs", "assemble_cache_ttl_secs",
+                 "compact_cache_ttl_secs", "persistent_subprocess", "prewarm_subprocesses", "warm_start",
+                 "after_turn_queue_depth", "after_turn_max_chars", "allow_network", "allow_filesystem",
+                 "max_memory_mb", "max_cpu_secs", "circuit_breaker", "priority", "enable_shared_state",
+                 "otel_endpoint")
+
+
+def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> None:
+    """Apply `edit(doc)` to plugin.toml (tomlkit keeps comments and layout); the result must be a valid manifest
+    or nothing is written. The catalog sees the new file on the next call."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    from engine.manifest import parse_manifest_text
+
+    path = _require_installed(name) / "plugin.toml"
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    except (OSError, TOMLKitError) as exc:
+        raise PluginError("invalid_manifest", f"plugin.toml of {name!r} cannot be read: {exc}", 400) from exc
+    edit(doc)
+    text = tomlkit.dumps(doc)
+    try:
+        parse_manifest_text(text)
+    except ManifestError as exc:
+        audit.record(actor, action, name, ok=False, details={**details, "error": str(exc)})
+        raise PluginError("invalid_config", f"the change would make plugin.toml invalid: {exc}", 400,
+                          [f.to_dict() for f in exc.findings]) from exc
+    config_service.atomic_write(path, text)
+    get_engine().catalog.forget(name)
+    _changed(name, "configured", actor, action, details)
+
+
+def set_env(name: str, env: dict[str, str | None], actor: str) -> dict:
+    """Set (or, with null, remove) keys of the plugin's [env]. Hooks get them on their next call."""
+    import re
+
+    import tomlkit
+
+    bad = [k for k in env if not re.match(ENV_NAME, k)]
+    if bad:
+        raise PluginError("invalid_env", f"not an environment variable name: {', '.join(map(repr, bad))}", 400)
+
+    def edit(doc):
+        table = doc.get("env")
+        if table is None:
+            table = tomlkit.table()
+            doc["env"] = table
+        for k, v in env.items():
+            if v is None:
+                table.pop(k, None)
+            else:
+                table[k] = str(v)
+    _edit_manifest(name, edit, actor, "plugin.env", {"set": sorted(k for k, v in env.items() if v is not None),
+                                                     "removed": sorted(k for k, v in env.items() if v is None)})
+    from plugins_app.selectors.state import plugin_env
+
+    return plugin_env(name)
+
+
+def set_advanced_config(name: str, changes: dict[str, Any], actor: str) -> dict:
+    """Change [hooks] execution settings (timeout, retries, caches, sandbox switches, limits); null removes a
+    setting (its default applies). Validated as a whole manifest before anything is written."""
+    import tomlkit
+
+    unknown = sorted(set(changes) - set(ADVANCED_KEYS))
+    if unknown:
+        raise PluginError("invalid_config", f"not an advanced setting: {', '.join(unknown)}; settable: "
+                                            f"{', '.join(ADVANCED_KEYS)}", 400)
+
+    def edit(doc):
+        hooks = doc.get("hooks")
+        if hooks is None:
+            hooks = tomlkit.table()
+            doc["hooks"] = hooks
+        for k, v in changes.items():
+            if v is None:
+                hooks.pop(k, None)
+            else:
+                hooks[k] = v
+    _edit_manifest(name, edit, actor, "plugin.advanced_config", {"changed": sorted(changes)})
+    from plugins_app.selectors.state import advanced_config
+
+    return advanced_config(name)

@@ -1,0 +1,243 @@
+"""Plugin registries: where they are, what they offer (index.json or the plugins/ listing) and whether to trust it.
+
+A registry is a directory or a git repository holding `plugins/<name>/plugin.toml`, optionally with a flat
+`index.json` at its root (`{"plugins": [{"name", "version", "description", "plugin_depends", "files"?}]}` or a bare
+list). An operator may pin an Ed25519 public key per registry (`public_key`, base64 of the 32 raw bytes, in
+`[plugins] plugin_registries` of config.toml): the index must then come with `index.json.sig` (base64 signature of
+index.json's exact bytes), and a plugin installed from it must be listed in it (and match its `files` hashes, when
+the entry has them). `require_signature = false` keeps a key but accepts an unsigned index; a bad signature is
+always refused.
+
+Pure Python; git runs through engine.install.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.manifest import NAME_RE
+
+INDEX_FILE = "index.json"
+SIGNATURE_FILE = "index.json.sig"
+MAX_INDEX_BYTES = 8 * 1024 * 1024
+
+
+class RegistryError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    location: str  # a directory, a git URL, or GitHub's owner/repo
+    name: str = ""
+    public_key: str | None = None
+    require_signature: bool | None = None  # None: required exactly when a key is configured
+
+    @property
+    def signatures_required(self) -> bool:
+        return bool(self.public_key) if self.require_signature is None else self.require_signature
+
+    def to_dict(self) -> dict:
+        return {"name": self.name or self.location, "location": self.location, "public_key": self.public_key,
+                "signatures_required": self.signatures_required}
+
+
+def parse_registries(plugins_table: object) -> list[RegistryConfig]:
+    """`[plugins] registry = "..."` and `plugin_registries = ["owner/repo" | {name, github_repo|url|path,
+    public_key?, require_signature?}]`, first the default; unusable entries are skipped."""
+    if not isinstance(plugins_table, dict):
+        return []
+    out: list[RegistryConfig] = []
+    default = plugins_table.get("registry") or plugins_table.get("default_registry")
+    if isinstance(default, str) and default.strip():
+        out.append(RegistryConfig(default, "default", _str(plugins_table.get("registry_public_key")),
+                                  _bool(plugins_table.get("registry_require_signature"))))
+    regs = plugins_table.get("plugin_registries")
+    for item in regs if isinstance(regs, list) else []:
+        if isinstance(item, str) and item.strip():
+            out.append(RegistryConfig(item, item))
+        elif isinstance(item, dict):
+            loc = item.get("github_repo") or item.get("url") or item.get("path")
+            if isinstance(loc, str) and loc.strip():
+                out.append(RegistryConfig(loc, _str(item.get("name")) or loc, _str(item.get("public_key")),
+                                          _bool(item.get("require_signature"))))
+    seen: set[str] = set()
+    unique = []
+    for r in out:
+        if r.location not in seen:
+            seen.add(r.location)
+            unique.append(r)
+    return unique
+
+
+def _str(v: object) -> str | None:
+    return v.strip() if isinstance(v, str) and v.strip() else None
+
+
+def _bool(v: object) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def config_for(location: str, registries: list[RegistryConfig]) -> RegistryConfig:
+    """The operator's settings for a registry location (a registry nobody configured gets no key)."""
+    for r in registries:
+        if r.location == location:
+            return r
+    return RegistryConfig(location)
+
+
+# ---- signatures ----
+
+def load_public_key(text: str):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise RegistryError("registry_key_invalid", "the registry's public_key must be the base64 of a 32-byte "
+                                                    f"Ed25519 public key ({exc})") from exc
+
+
+def verify_index(index_bytes: bytes, signature_text: bytes | None, cfg: RegistryConfig) -> bool:
+    """True when the index is signed by the configured key; False when unsigned and no signature is required.
+    Raises RegistryError for a bad signature, or a missing one the operator asked for."""
+    from cryptography.exceptions import InvalidSignature
+
+    if cfg.signatures_required and not cfg.public_key:
+        raise RegistryError("registry_key_missing", f"registry {cfg.name or cfg.location} requires signatures but has "
+                                                    "no public_key configured")
+    if not cfg.public_key:
+        return False
+    if signature_text is None:
+        if cfg.signatures_required:
+            raise RegistryError("registry_unsigned", f"registry {cfg.name or cfg.location} must sign its {INDEX_FILE} "
+                                                     f"({SIGNATURE_FILE} is missing)")
+        return False
+    key = load_public_key(cfg.public_key)
+    try:
+        signature = base64.b64decode(signature_text.strip(), validate=True)
+        key.verify(signature, index_bytes)
+    except (binascii.Error, ValueError, InvalidSignature) as exc:
+        raise RegistryError("registry_signature_invalid", f"the signature of {INDEX_FILE} in registry "
+                                                          f"{cfg.name or cfg.location} does not verify") from exc
+    return True
+
+
+# ---- what a registry offers ----
+
+@dataclass
+class Listing:
+    entries: list[dict]
+    signed: bool
+    source: str  # "index.json" | "plugins/"
+    errors: list[str] = field(default_factory=list)
+
+    def entry(self, name: str) -> dict | None:
+        return next((e for e in self.entries if e.get("name") == name), None)
+
+
+def read_listing(root: Path, cfg: RegistryConfig) -> Listing:
+    """The registry's offer, from its (verified) index.json, else from its plugins/<name>/plugin.toml files."""
+    index = root / INDEX_FILE
+    if index.is_file() and not index.is_symlink():
+        data = index.read_bytes()[:MAX_INDEX_BYTES + 1]
+        if len(data) > MAX_INDEX_BYTES:
+            raise RegistryError("registry_index_invalid", f"{INDEX_FILE} is larger than {MAX_INDEX_BYTES} bytes")
+        sig = root / SIGNATURE_FILE
+        signed = verify_index(data, sig.read_bytes() if sig.is_file() and not sig.is_symlink() else None, cfg)
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise RegistryError("registry_index_invalid", f"{INDEX_FILE} is not valid JSON: {exc}") from exc
+        items = raw.get("plugins") if isinstance(raw, dict) else raw
+        if not isinstance(items, list):
+            raise RegistryError("registry_index_invalid", f"{INDEX_FILE} must be a list or {{\"plugins\": [...]}}")
+        entries = [_entry(e) for e in items if isinstance(e, dict) and isinstance(e.get("name"), str)
+                   and NAME_RE.match(e["name"])]
+        return Listing(entries, signed, INDEX_FILE)
+    if cfg.signatures_required:
+        verify_index(b"", None, cfg)  # raises: the operator asked for a signed index and there is none
+    entries, errors = [], []
+    pdir = root / "plugins"
+    for child in sorted(pdir.iterdir()) if pdir.is_dir() else []:
+        toml = child / "plugin.toml"
+        if child.is_symlink() or not NAME_RE.match(child.name) or not toml.is_file():
+            continue
+        try:
+            m = tomllib.loads(toml.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            errors.append(f"{child.name}: {exc}")
+            continue
+        hooks = m.get("hooks") if isinstance(m.get("hooks"), dict) else {}
+        entries.append(_entry({**m, "name": child.name,
+                               "hooks": [h for h, v in hooks.items() if isinstance(v, str) and h in _HOOKS]}))
+    return Listing(entries, False, "plugins/", errors)
+
+
+_HOOKS = {"ingest", "after_turn", "assemble", "compact", "bootstrap", "prepare_subagent", "merge_subagent",
+          "transform_tool_result", "on_event"}
+
+
+def _entry(e: dict) -> dict:
+    deps = e.get("plugin_depends") or e.get("needs") or []
+    hooks = e.get("hooks") or []
+    return {"name": e["name"], "version": str(e.get("version") or ""), "description": str(e.get("description") or ""),
+            "author": str(e.get("author") or ""),
+            "hooks": sorted(h for h in hooks if isinstance(h, str)) if isinstance(hooks, list) else [],
+            "plugin_depends": [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else [],
+            "files": {k: v for k, v in e["files"].items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(e.get("files"), dict) else {}}
+
+
+def check_membership(listing: Listing, name: str, plugin_dir: Path, cfg: RegistryConfig) -> None:
+    """A signed registry vouches only for what its index lists: the plugin must be there, and the files the
+    entry hashes must match what was fetched."""
+    if not listing.signed:
+        return
+    entry = listing.entry(name)
+    if entry is None:
+        raise RegistryError("registry_not_listed", f"plugin {name!r} is not in the signed {INDEX_FILE} of registry "
+                                                   f"{cfg.name or cfg.location}")
+    for rel, digest in entry["files"].items():
+        path = plugin_dir / rel
+        if ".." in Path(rel).parts or path.is_symlink() or not path.is_file():
+            raise RegistryError("registry_file_mismatch", f"{rel} is listed in the signed index but missing")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest.lower():
+            raise RegistryError("registry_file_mismatch", f"{rel} does not match its sha256 in the signed index")
+
+
+def search(listing: Listing, query: str, installed: dict[str, str]) -> list[dict]:
+    """Entries whose name, description or author hold every word of the query (all entries for an empty query),
+    with `installed` and `installed_version` for this home."""
+    words = [w for w in re.split(r"\s+", query.lower().strip()) if w]
+    out = []
+    for e in listing.entries:
+        hay = f"{e['name']} {e['description']} {e['author']}".lower()
+        if all(w in hay for w in words):
+            out.append({k: v for k, v in e.items() if k != "files"} | {
+                "installed": e["name"] in installed, "installed_version": installed.get(e["name"])})
+    return out
+
+
+def version_key(version: str) -> tuple:
+    """Compare "1.10.0" > "1.9.2"; non-numeric parts compare as text after numbers."""
+    parts = re.split(r"[.+-]", version.strip().lstrip("v"))
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p)
+
+
+def is_newer(candidate: str, installed: str) -> bool:
+    if not candidate:
+        return False
+    return version_key(candidate) > version_key(installed or "0")

@@ -1,0 +1,63 @@
+"""What the configured plugin registries offer (GET /plugins/registries, /plugins/registry/search), read through
+engine/registry.py: a signed index is verified against the operator's key before anything in it is shown."""
+
+from __future__ import annotations
+
+from engine import install as I
+from engine import registry as R
+from plugins_app.services.engine import get_engine
+from plugins_app.services.plugins import PluginError, registry_configs
+
+
+def _installed() -> dict[str, str]:
+    catalog = get_engine().catalog
+    out = {}
+    for name in catalog.names():
+        try:
+            plugin = catalog.get(name).plugin
+        except KeyError:
+            continue
+        out[name] = plugin.manifest.version if plugin is not None else ""
+    return out
+
+
+def _listing(cfg: R.RegistryConfig) -> R.Listing:
+    try:
+        with I.registry_root(I.registry_location(cfg.location, None)) as (root, _prov):
+            return I.registry_listing(root, cfg)
+    except I.InstallError as exc:
+        raise PluginError(exc.code, exc.message, 502 if exc.code == "git_failed" else exc.status) from exc
+
+
+def _config(registry: str | None) -> R.RegistryConfig:
+    configs = registry_configs()
+    if registry:
+        return R.config_for(registry, configs)
+    if not configs:
+        raise PluginError("no_registry", "no registry given and none configured ([plugins] registry or "
+                                         "plugin_registries in config.toml)", 400)
+    return configs[0]
+
+
+def search(query: str, registry: str | None = None) -> dict:
+    cfg = _config(registry)
+    listing = _listing(cfg)
+    results = R.search(listing, query, _installed())
+    return {"registry": cfg.name or cfg.location, "location": cfg.location, "query": query, "results": results,
+            "total": len(results), "source": listing.source, "signed": listing.signed}
+
+
+def registries() -> dict:
+    """Every configured registry with its plugins, or the error that kept it from being read."""
+    installed = _installed()
+    out = []
+    for cfg in registry_configs():
+        row = {**cfg.to_dict()}
+        try:
+            listing = _listing(cfg)
+        except PluginError as exc:
+            out.append({**row, "error": exc.to_dict(), "plugins": []})
+            continue
+        out.append({**row, "signed": listing.signed, "source": listing.source,
+                    "plugins": R.search(listing, "", installed)})
+    return {"registries": out, "total": len(out)}
