@@ -6,6 +6,27 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 LIBREFANG_HOME = Path(os.environ.get("LIBREFANG_HOME", Path.home() / ".librefang")).expanduser()
 
+# $LIBREFANG_HOME holds secrets (the secret key, tokens, the database with session keys): everything a process of
+# ours creates is owner-only. Every process (daphne, workers, manage.py commands) imports these settings first.
+os.umask(0o077)
+
+
+def _owner_only(home: Path) -> None:
+    """Tighten a home created before the umask (or by hand): the directory 0700, the database files 0600."""
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if home.stat().st_uid == os.getuid() and home.stat().st_mode & 0o077:
+            home.chmod(0o700)
+        for name in ("librefang.sqlite3", "librefang.sqlite3-wal", "librefang.sqlite3-shm"):
+            path = home / name
+            if path.exists() and path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+    except OSError:
+        pass  # a read-only or foreign home: the service reports what it cannot use later, with context
+
+
+_owner_only(LIBREFANG_HOME)
+
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     # A per-home secret, created once, so sessions survive restarts without a hard-coded key.

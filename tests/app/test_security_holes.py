@@ -5,6 +5,7 @@ login throttling."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,57 @@ def test_it_answers_413_for_a_gzip_bomb_sent_to_the_api_and_unpacks_it_on_the_wo
     assert len(tool_worker) == 1 and "staged" in tool_worker[0]  # the worker opened it, this process did not
     assert _left_behind(home) == [] and not any((home.tools_dir / T.INCOMING_DIR).iterdir())
     assert AuditEntry.objects.get(action="tool.install").ok is False
+
+
+# ---- everything under $LIBREFANG_HOME is owner-only ----
+
+LIST_MODES = """
+import json, os
+from django.conf import settings
+from django.contrib.auth.models import User
+User.objects.create_user("someone", "", "pw")  # a write: the -wal and -shm files exist while this connection is open
+home = settings.LIBREFANG_HOME
+modes = {str(p.relative_to(home)): p.stat().st_mode & 0o777 for p in [home, *home.rglob("*")]}
+print(json.dumps(modes))
+"""
+
+
+def _fresh_home_env(home: Path) -> dict:
+    env = {**os.environ, "LIBREFANG_HOME": str(home), "DJANGO_SETTINGS_MODULE": "librefang_site.settings"}
+    for name in ("LIBREFANG_DB", "DATABASE_URL", "LIBREFANG_TEST_DB", "DJANGO_SECRET_KEY"):
+        env.pop(name, None)  # the real defaults: SQLite in the home, a secret key file created there
+    return env
+
+
+def _manage(env: dict, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(REPO / "manage.py"), *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_it_creates_everything_under_a_fresh_home_owner_only(tmp_path):
+    home = tmp_path / "fresh-home"
+    env = _fresh_home_env(home)
+    _manage(env, "migrate", "--noinput")
+    _manage(env, "firstrun", "--url", "http://127.0.0.1:4545/")
+    modes = json.loads(_manage(env, "shell", "-c", LIST_MODES).strip().splitlines()[-1])
+    for name in ("librefang.sqlite3", "librefang.sqlite3-wal", "librefang.sqlite3-shm", "secret_key",
+                 "api_token", "admin_password"):
+        assert modes.get(name) == 0o600, (name, oct(modes.get(name, 0)))
+    assert modes["."] == 0o700 and modes["plugins"] == 0o700
+    opened = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
+    assert opened == {}, f"readable by group or others: {opened}"
+
+
+def test_it_tightens_a_home_created_before_the_umask(tmp_path):
+    home = tmp_path / "old-home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    env = _fresh_home_env(home)
+    _manage(env, "migrate", "--noinput")
+    for name in ("", "librefang.sqlite3"):
+        (home / name).chmod(0o755 if not name else 0o644)  # as an older version left them
+    _manage(env, "check")
+    assert home.stat().st_mode & 0o777 == 0o700
+    assert (home / "librefang.sqlite3").stat().st_mode & 0o777 == 0o600
