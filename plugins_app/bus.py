@@ -140,26 +140,26 @@ CLIENT_OPTIONS = {"decode_responses": True, "socket_timeout": 10, "socket_connec
 ASYNC_OPTIONS = {"decode_responses": True, "socket_timeout": SOCKET_TIMEOUT_SECS,
                  "socket_connect_timeout": CONNECT_TIMEOUT_SECS, "socket_keepalive": True,
                  "health_check_interval": 30}
-_sync_pool: redis.ConnectionPool | None = None
-_async_clients: dict[int, aredis.Redis] = {}
+_sync_pools: dict[str, redis.ConnectionPool] = {}
+_async_clients: dict[tuple[int, str], aredis.Redis] = {}
 
 
 def client() -> redis.Redis:
-    global _sync_pool
-    if _sync_pool is None:
-        _sync_pool = redis.ConnectionPool.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
-    return redis.Redis(connection_pool=_sync_pool)
+    pool = _sync_pools.get(settings.REDIS_URL)
+    if pool is None:
+        pool = _sync_pools[settings.REDIS_URL] = redis.ConnectionPool.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
+    return redis.Redis(connection_pool=pool)
 
 
 def aclient() -> aredis.Redis:
     """One asyncio client per event loop for short commands (health, stats); waits queue for a connection."""
-    loop = asyncio.get_running_loop()
-    cl = _async_clients.get(id(loop))
+    key = (id(asyncio.get_running_loop()), settings.REDIS_URL)
+    cl = _async_clients.get(key)
     if cl is None:
         pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=32,
                                                       timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
         cl = aredis.Redis(connection_pool=pool)
-        _async_clients[id(loop)] = cl
+        _async_clients[key] = cl
     return cl
 
 
@@ -227,8 +227,9 @@ class _Hub:
     """Per event loop: the writer task that pipelines XADDs and the one subscriber that resolves waiting calls."""
 
     def __init__(self) -> None:
+        self.url = settings.REDIS_URL
         self.channel = reply_channel_prefix() + f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=16,
+        pool = aredis.BlockingConnectionPool.from_url(self.url, max_connections=16,
                                                       timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
         self.r = aredis.Redis(connection_pool=pool)
         self.outbox: asyncio.Queue[tuple[dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
@@ -243,6 +244,11 @@ class _Hub:
             for t in self._tasks:
                 t.cancel()
             self._tasks = [asyncio.ensure_future(self._write_loop()), asyncio.ensure_future(self._listen_loop())]
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        self._tasks = []
 
     # -- writing --
 
@@ -359,10 +365,12 @@ _hubs: dict[int, _Hub] = {}
 def _hub() -> _Hub:
     loop = asyncio.get_running_loop()
     hub = _hubs.get(id(loop))
-    if hub is None or getattr(hub, "_loop", None) is not loop:
+    if hub is None or getattr(hub, "_loop", None) is not loop or hub.url != settings.REDIS_URL:
         for key, old in list(_hubs.items()):  # hubs of loops that are gone (async_to_sync in commands, tests)
             if old._loop.is_closed():  # type: ignore[attr-defined]
                 del _hubs[key]
+        if hub is not None and hub._loop is loop:  # type: ignore[attr-defined]
+            hub.close()  # REDIS_URL changed (tests): the old hub's tasks would talk to the old Redis
         hub = _Hub()
         hub._loop = loop  # type: ignore[attr-defined]
         _hubs[id(loop)] = hub
