@@ -142,6 +142,8 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         allow_filesystem=settings.allow_filesystem,
         venv_dir=venv_dir(home, entry.name),
         warm_start=settings.warm_start,
+        max_processes=settings.max_processes,
+        home_dir=home.root,
     )
 
 
@@ -271,7 +273,7 @@ def _attempts(entry, hook, request, call, settings, attempts, invocations, stder
             stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", entry.name, hook, len(result.stderr),
                              result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
                                                                         "trace_id": tid})
-        attempt_warnings = list(warnings)
+        attempt_warnings = list(warnings) + result.warnings  # e.g. sandbox.degraded (engine/runner.py)
         if result.ok and hook_schema.get("output"):
             violations = validate_schema(result.reply, hook_schema["output"])
             if violations and settings.output_schema_strict:

@@ -74,6 +74,7 @@ class HookSettings(BaseModel):
     allow_filesystem: bool = True
     max_memory_mb: int | None = Field(None, gt=0)
     max_cpu_secs: int | None = Field(None, gt=0)
+    max_processes: int | None = Field(None, gt=0)  # ours: the hook's pids limit (engine/runner.py has the default)
     circuit_breaker: CircuitBreaker | None = None
     priority: int = 0
     env_schema: dict[str, Any] = Field(default_factory=dict)

@@ -1,42 +1,30 @@
 """Run one hook script as a fresh, sandboxed subprocess speaking the JSON stdin/stdout protocol.
 
-One process group per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
+One session per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
 stderr streamed line by line to a callback as it arrives.
 
-Sandbox, applied between spawn and the hook's exec:
-- PR_SET_PDEATHSIG(SIGKILL): if the worker dies (even SIGKILL), the kernel kills the hook too. Without it hooks,
-  being session leaders, would outlive a crashed worker with no timeout. Caveat: the signal follows the *thread*
-  that spawned the child; the engine spawns from long-lived pool threads, never from short-lived ones.
-- RLIMIT_AS (`max_memory_mb`) and RLIMIT_CPU (`max_cpu_secs`), set before the hook's exec.
-- `allow_network = false`: a fresh, empty network namespace (loopback down, nothing reachable) when the OS allows it;
-  probed once per process. Proxy variables are blanked either way (LibreFang).
-- `allow_filesystem = false`: a private mount namespace with "/" re-bound read-only and only the plugin's data dir
-  (which holds TMPDIR) writable; probed once per process. /proc, /sys and /dev keep their modes.
+What the hook gets is described once per call by `sandbox_spec` (an engine.sandbox.SandboxSpec) and applied by
+engine.sandbox.enter in the child, whichever way it starts: spawned here (`enter` runs as the preexec function,
+before exec) or forked from a warm-start zygote (engine/warmstart.py, python hooks). Where the OS allows namespaces
+that is: its own PID namespace and /proc (every process it starts dies with it), a private view of the filesystem
+($LIBREFANG_HOME hidden except the plugin's own directory and data directory; read-only with
+allow_filesystem = false), an empty network namespace with allow_network = false, no capabilities, rlimits and a
+per-call cgroup with memory and process-count limits (defaults below). PR_SET_PDEATHSIG(SIGKILL) ties the hook to
+the thread that spawned it (the engine spawns from long-lived pool threads). Where namespaces are refused, every
+call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
 
-How: by default with util-linux exec wrappers resolved once (`setpriv --pdeathsig KILL -- [prlimit --as= --cpu= --]
-[unshare --net --] <hook>`): each execs the next in the same process, so pid, process group and exit status are the
-hook's, and CPython keeps spawning with vfork. A preexec function would force a full fork(), whose cost grows with the
-worker's memory: measured here with a 150 MB parent, 2.5 ms (vfork) vs 14.4 ms (preexec fork) vs 3.5 ms (setpriv) vs
-5.9 ms (setpriv+prlimit+unshare) per bash hook (min of 150). The preexec function (`_Preexec`, same syscalls via
-ctypes) is the fallback when a wrapper is missing, and is always used for allow_filesystem = false (mounts).
-Python hooks may instead be forked from a warm zygote (engine/warmstart.py), which applies the same sandbox.
+The preexec function costs a full fork() instead of CPython's vfork (its cost grows with the worker's memory); the
+warm path forks from a small zygote instead. See engine/COMPATIBILITY.md for measured figures.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import json
 import os
-import re
-import resource
 import selectors
-import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import protocol as P
-from engine import warmstart
+from engine import sandbox, warmstart
 from engine.filecache import confine
+from engine.home import Home
 from engine.protocol import Failure
 from engine.runtimes import LauncherNotFound, ResolvedRuntime, build_command
 
@@ -75,6 +64,8 @@ class HookCall:
     allow_filesystem: bool = True
     venv_dir: Path | None = None  # per-plugin virtualenv (requirements): python hooks run with its interpreter
     warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/warmstart.py)
+    max_processes: int | None = None  # [hooks] max_processes (DEFAULT_MAX_PROCESSES when None)
+    home_dir: Path | None = None  # $LIBREFANG_HOME, hidden from the hook but for its own dirs (Home.from_env() if None)
 
 
 @dataclass
@@ -86,6 +77,7 @@ class HookResult:
     stdout: str = ""
     elapsed_ms: float = 0.0
     returncode: int | None = None
+    warnings: list[str] = field(default_factory=list)  # for the trace, e.g. sandbox.degraded
 
     def to_dict(self) -> dict:
         return {
@@ -164,142 +156,88 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
 BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL",
                               "LIBREFANG_LLM_API_KEY"})
 
-_PR_SET_PDEATHSIG = 1
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWNS = 0x00020000
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    return libc
-
-
-class _Preexec:
-    """Runs in the forked child right before exec. Does only the syscalls listed in the module docstring."""
-
-    __slots__ = ("ppid", "mem", "cpu", "newnet", "libc", "writable", "submounts")
-
-    def __init__(self, mem_bytes: int | None, cpu_secs: int | None, newnet: bool,
-                 writable: tuple[bytes, ...] | None = None):
-        self.ppid = os.getpid()
-        self.mem = mem_bytes
-        self.cpu = cpu_secs
-        self.newnet = newnet
-        self.libc = _libc()
-        self.writable = writable  # not None: read-only filesystem except these directories
-        self.submounts = _submounts_to_protect(writable) if writable is not None else ()
-
-    def __call__(self) -> None:
-        if self.libc is not None:
-            self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != self.ppid:  # the worker died between fork and prctl
-                os._exit(137)
-        if self.mem:
-            resource.setrlimit(resource.RLIMIT_AS, (self.mem, self.mem))
-        if self.cpu:
-            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu, self.cpu + 1))
-        if self.newnet and self.libc is not None and self.libc.unshare(_CLONE_NEWNET) != 0:
-            os._exit(126)  # never run a network-denied hook with the network
-        if self.writable is not None and self.libc is not None:
-            # allow_filesystem = false: a private mount namespace whose root is a read-only bind of "/", with the
-            # writable directories bound (read-write) underneath it first.
-            mount = self.libc.mount
-            if self.libc.unshare(_CLONE_NEWNS) != 0 or mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-                os._exit(126)
-            for path in self.writable:
-                if mount(path, path, None, _MS_BIND | _MS_REC, None) != 0:
-                    os._exit(126)
-            if mount(b"/", b"/", None, _MS_BIND | _MS_REC, None) != 0 or \
-                    mount(None, b"/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None) != 0:
-                os._exit(126)
-            for path in self.submounts:  # e.g. a tmpfs /tmp: read-only too (best effort: it may be gone)
-                mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
-
-
-_netns_lock = threading.Lock()
-_netns_state: list[bool] = []
+# Defaults when a plugin sets no limit (engine/COMPATIBILITY.md): enforced through the hook's cgroup where the service
+# can create one. An explicit max_memory_mb is also an RLIMIT_AS, as before.
+DEFAULT_MAX_MEMORY_MB = 1024
+DEFAULT_MAX_PROCESSES = 128
+# The keeper (outside) and init (pid 1) of the hook's PID namespace count against the pids cgroup too.
+_SANDBOX_OWN_PROCESSES = 2
 
 
 def network_isolation_available() -> bool:
     """Whether this process may give hooks an empty network namespace. Probed once per process."""
-    if _netns_state:
-        return _netns_state[0]
-    with _netns_lock:
-        if not _netns_state:
-            _netns_state.append(_probe_netns())
-    return _netns_state[0]
-
-
-_fsns_state: list[bool] = []
+    return sandbox.network_isolation_available()
 
 
 def filesystem_isolation_available() -> bool:
-    """Whether hooks can get a read-only view of the filesystem (a private mount namespace). Probed once."""
-    if _fsns_state:
-        return _fsns_state[0]
-    with _netns_lock:
-        if not _fsns_state:
-            ok = False
-            if sys.platform.startswith("linux") and _libc() is not None:
-                try:
-                    proc = subprocess.run(["/bin/sh", "-c", "exit 0"], close_fds=True, timeout=10,
-                                          capture_output=True, preexec_fn=_Preexec(None, None, False, ()))
-                    ok = proc.returncode == 0
-                except (OSError, subprocess.SubprocessError):
-                    ok = False
-            _fsns_state.append(ok)
-    return _fsns_state[0]
+    """Whether hooks get their own mount namespace (hidden home, read-only view). Probed once per process."""
+    return sandbox.mode() is not None
 
 
-_KEEP_MODE_UNDER = (b"/proc", b"/sys", b"/dev")
+def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
+    """The one description of what this call's hook gets (engine/sandbox.py applies it)."""
+    mode = sandbox.mode()
+    home = os.path.realpath(call.home_dir or Home.from_env().root)
+    own_dirs = [d for d in (call.plugin_dir, call.data_dir) if d is not None]
+    rlimits: list[tuple[str, int, int]] = []
+    if call.max_memory_mb:
+        mem = call.max_memory_mb * 1024 * 1024
+        rlimits.append(("RLIMIT_AS", mem, mem))
+    if call.max_cpu_secs:
+        rlimits.append(("RLIMIT_CPU", call.max_cpu_secs, call.max_cpu_secs + 1))
+    if mode == "userns" and not _pids_dirs(cgroup_dirs):
+        # Inside a user namespace RLIMIT_NPROC counts the hook's own processes (Linux >= 5.14), init included.
+        n = (call.max_processes or DEFAULT_MAX_PROCESSES) + 1
+        rlimits.append(("RLIMIT_NPROC", n, n))
+    return sandbox.SandboxSpec(
+        cwd=str(call.plugin_dir),
+        env=env,
+        rlimits=tuple(rlimits),
+        isolate=mode is not None,
+        user_ns=mode == "userns",
+        new_net=not call.allow_network and network_isolation_available(),
+        hide=home if home != "/" else None,
+        keep=tuple(_path_in_home(d) for d in own_dirs),
+        read_only=not call.allow_filesystem and mode is not None,
+        writable=tuple(_path_in_home(call.data_dir) for _ in [0] if call.data_dir is not None),
+        cgroups=cgroup_dirs,
+        uid=os.getuid(),
+        gid=os.getgid(),
+    )
 
 
-def _submounts_to_protect(writable: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    """Mount points (other than "/") to make read-only too: everything but /proc, /sys, /dev and the writable dirs.
-    Read in the parent, before fork."""
-    try:
-        with open("/proc/self/mountinfo", "rb") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return ()
-    out = []
-    for line in lines:
-        fields = line.split(b" ")
-        if len(fields) < 5:
-            continue
-        mp = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
-        if mp == b"/" or any(mp == k or mp.startswith(k + b"/") for k in _KEEP_MODE_UNDER):
-            continue
-        if any(mp == w or mp.startswith(w + b"/") for w in writable):
-            continue
-        out.append(mp)
-    return tuple(dict.fromkeys(out))
+def _pids_dirs(dirs: tuple[str, ...]) -> list[str]:
+    return [d for d in dirs if os.path.exists(os.path.join(d, "pids.max"))]
 
 
-def _writable_dirs(call: HookCall) -> tuple[bytes, ...] | None:
-    if call.allow_filesystem or not filesystem_isolation_available():
-        return None
-    dirs = []
-    if call.data_dir is not None:
-        dirs.append(os.fsencode(os.path.realpath(call.data_dir)))
-    return tuple(dirs)
+def _path_in_home(path: Path) -> str:
+    """The directory's path with its parents resolved but not itself: a plugin dir that is a symlink (a linked dev
+    plugin) is bound back where the hook expects it."""
+    return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
 
 
-def _probe_netns() -> bool:
-    if not sys.platform.startswith("linux") or _libc() is None:
-        return False
-    try:
-        proc = subprocess.run(["/bin/sh", "-c", "exit 0"], preexec_fn=_Preexec(None, None, True),
-                              close_fds=True, timeout=10, capture_output=True)
-        return proc.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+def _limits_cgroup(call: HookCall) -> tuple[str, ...]:
+    extra = _SANDBOX_OWN_PROCESSES if sandbox.mode() is not None else 0
+    return sandbox.cgroups.create((call.max_memory_mb or DEFAULT_MAX_MEMORY_MB) * 1024 * 1024,
+                                  (call.max_processes or DEFAULT_MAX_PROCESSES) + extra)
+
+
+class _EnterSandbox:
+    """The preexec function of a spawned hook: engine.sandbox.enter, or exit 126 with the reason on stderr."""
+
+    __slots__ = ("spec", "parent")
+
+    def __init__(self, spec: sandbox.SandboxSpec):
+        self.spec = spec
+        self.parent = os.getpid()
+
+    def __call__(self) -> None:
+        try:
+            sandbox.enter(self.spec, self.parent)
+        except BaseException as exc:  # noqa: BLE001 - the hook must not run without its sandbox
+            os.write(2, f"sandbox setup failed in the child: {exc}\n".encode("utf-8", "replace"))
+            os._exit(sandbox.SETUP_FAILED)
+
 
 
 def _cap_utf8(text: str, cap: int) -> str:
@@ -340,33 +278,45 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
     except (TypeError, ValueError) as exc:
         return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
-    newnet = not call.allow_network and network_isolation_available()
-    mem = call.max_memory_mb * 1024 * 1024 if call.max_memory_mb else None
-    # ---- warm start (engine/warmstart.py, owned by the speed work): python hooks forked from a zygote ----------
-    writable = _writable_dirs(call)
-    if writable is None and warmstart.applies(call, argv):  # (read-only filesystem hooks always spawn cold)
-        warm = warmstart.spawn(argv, str(call.plugin_dir), build_env(call), mem, call.max_cpu_secs, newnet)
-        if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
-            result = _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
-            _label_limits(result, call)
-            return result
-    # ---- end of warm start -------------------------------------------------------------------------------------
+    cgroup_dirs = _limits_cgroup(call)
     try:
-        problem = _check_executable(argv[0])
-        if problem is not None:
-            return fail(*problem)
-        wrapped = _wrap(argv, mem, call.max_cpu_secs, newnet) if writable is None else None
+        spec = sandbox_spec(call, build_env(call), cgroup_dirs)
+        result = _spawn_and_talk(call, argv, spec, payload, started, on_stderr)
+        if cgroup_dirs and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs):
+            result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
+                                      f"the hook's cgroup); {result.failure.message}")
+    finally:
+        sandbox.cgroups.release(cgroup_dirs)
+    _label_limits(result, call)
+    reasons = sandbox.degraded_reasons()
+    if reasons:
+        result.warnings.append("sandbox.degraded: " + "; ".join(reasons))
+    return result
+
+
+def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
+                    on_stderr: StderrCallback | None) -> HookResult:
+    def fail(kind: str, message: str) -> HookResult:
+        return HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000)
+
+    if warmstart.applies(call, argv):
+        warm = warmstart.spawn(argv, spec)
+        if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
+            return _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
+    problem = _check_executable(argv[0])
+    if problem is not None:
+        return fail(*problem)
+    try:
         proc = subprocess.Popen(
-            wrapped or argv,
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=str(call.plugin_dir),
-            env=build_env(call),
-            start_new_session=True,  # own process group: a timeout kills grandchildren too
+            cwd=spec.cwd,
+            env=spec.env,
+            start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
             close_fds=True,
-            # exec wrappers keep CPython on vfork; a preexec function forces a full fork (see the module docstring)
-            preexec_fn=None if wrapped else _Preexec(mem, call.max_cpu_secs, newnet, writable),
+            preexec_fn=_EnterSandbox(spec),
         )
     except subprocess.SubprocessError as exc:
         return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
@@ -376,9 +326,7 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         return fail(P.SPAWN_FAILED, f"cannot execute {argv[0]!r}: {exc.strerror} (is the exec bit set?)")
     except OSError as exc:
         return fail(P.SPAWN_FAILED, f"cannot start hook: {exc}")
-    result = _communicate(proc, payload, call.timeout_secs, started, on_stderr)
-    _label_limits(result, call)
-    return result
+    return _communicate(proc, payload, call.timeout_secs, started, on_stderr)
 
 
 _OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory", "Out of memory", "bad_alloc",
@@ -407,45 +355,6 @@ def _check_executable(path: str) -> tuple[str, str] | None:
     if not os.access(path, os.X_OK) or os.path.isdir(path):
         return P.SPAWN_FAILED, f"cannot execute {path!r}: Permission denied (is the exec bit set?)"
     return None
-
-
-@functools.lru_cache(maxsize=1)
-def _wrapper_tools() -> dict[str, str] | None:
-    """util-linux's setpriv (PDEATHSIG), prlimit (rlimits) and unshare (network namespace), resolved once, each
-    proven to work here. None: spawn with the preexec function instead."""
-    if not sys.platform.startswith("linux") or os.environ.get("LIBREFANG_SANDBOX_WRAPPERS") == "0":
-        return None
-    found = {name: shutil.which(name) for name in ("setpriv", "prlimit", "unshare")}
-    if not found["setpriv"] or not _runs([found["setpriv"], "--pdeathsig", "KILL", "--", "/bin/sh", "-c", "exit 0"]):
-        return None
-    tools = {"setpriv": os.path.realpath(found["setpriv"])}
-    if found["prlimit"] and _runs([found["prlimit"], "--cpu=3600:3601", "--", "/bin/sh", "-c", "exit 0"]):
-        tools["prlimit"] = os.path.realpath(found["prlimit"])
-    if found["unshare"] and _runs([found["unshare"], "--net", "--", "/bin/sh", "-c", "exit 0"]):
-        tools["unshare"] = os.path.realpath(found["unshare"])
-    return tools
-
-
-def _runs(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=10, close_fds=True).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _wrap(argv: list[str], mem: int | None, cpu: int | None, newnet: bool) -> list[str] | None:
-    """argv behind exec wrappers that set PDEATHSIG, the rlimits and the network namespace, then exec the hook
-    (same pid, same exit status). None when a needed tool is missing: the caller uses the preexec function."""
-    tools = _wrapper_tools()
-    if tools is None or ((mem or cpu) and "prlimit" not in tools) or (newnet and "unshare" not in tools):
-        return None
-    out = [tools["setpriv"], "--pdeathsig", "KILL", "--"]
-    if mem or cpu:
-        out += [tools["prlimit"], *([f"--as={mem}"] if mem else []), *([f"--cpu={cpu}:{cpu + 1}"] if cpu else []),
-                "--"]
-    if newnet:
-        out += [tools["unshare"], "--net", "--"]
-    return out + argv
 
 
 def _venv_python(call: HookCall) -> str | None:

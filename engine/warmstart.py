@@ -1,9 +1,9 @@
 """Warm start for python hooks: fork each call from a per-interpreter zygote instead of exec'ing a new interpreter.
 
 The protocol's promise is kept: every call is still a fresh process (forked from a zygote that has never run plugin
-code), with the hook's cleared environment, cwd, rlimits, new session/process group, PDEATHSIG and stdio pipes set in
-the child exactly as `engine.runner` sets them for a spawned hook (and the empty network namespace of
-`allow_network = false`), and the script run as `__main__` with
+code), in a new session with its stdio pipes, and with the very sandbox a spawned hook gets: the runner's
+engine.sandbox.SandboxSpec travels as JSON and the zygote's child applies it with the same function
+(engine.sandbox.enter: environment, cwd, namespaces, mounts, limits). The script runs as `__main__` with
 `sys.argv = [script]` and `sys.path[0]` = its directory. The runner drives the child through the same loop as a
 spawned one (`WarmProcess` quacks like `subprocess.Popen`), so timeouts kill the whole group and stderr streams the
 same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by the resolved interpreter.
@@ -37,6 +37,7 @@ from typing import Any
 log = logging.getLogger("librefang.warmstart")
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("warmstart_zygote.py")
+SANDBOX_MODULE = Path(__file__).with_name("sandbox.py")  # loaded by path in the zygote (stdlib only)
 MAX_ZYGOTES = 8  # distinct (interpreter, start-up env) pairs kept warm; the least recently used one is stopped
 READY_TIMEOUT_SECS = 15.0
 PID_TIMEOUT_SECS = 10.0
@@ -173,7 +174,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [self.launcher, str(ZYGOTE_SCRIPT), str(theirs.fileno())],
+                [self.launcher, str(ZYGOTE_SCRIPT), str(theirs.fileno()), str(SANDBOX_MODULE)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=(theirs.fileno(),), env=self.env, cwd="/", start_new_session=True, close_fds=True,
             )
@@ -230,10 +231,10 @@ class Zygote:
             self.proc.wait()
         self.stop()
 
-    def fork(self, script: str, cwd: str, env: Mapping[str, str], mem: int | None, cpu: int | None,
-             new_netns: bool = False) -> WarmProcess | None:
-        spec = json.dumps({"script": script, "cwd": cwd, "env": dict(env), "mem": mem, "cpu": cpu,
-                           "newnet": bool(new_netns), "launcher": self.launcher}).encode()
+    def fork(self, script: str, sandbox: Any) -> WarmProcess | None:
+        """Fork `script` with `sandbox` (an engine.sandbox.SandboxSpec) applied in the child."""
+        spec = json.dumps({"script": script, "launcher": self.launcher,
+                           "sandbox": json.loads(sandbox.to_json())}).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -336,13 +337,13 @@ def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
     return z
 
 
-def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str], mem_bytes: int | None = None,
-          cpu_secs: int | None = None, new_netns: bool = False) -> WarmProcess | None:
-    """Fork the hook `argv = [python, script]` from its zygote; None means: spawn it normally instead."""
-    z = _get(argv[0], env)
+def spawn(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
+    """Fork the hook `argv = [python, script]` from its zygote, inside `sandbox` (engine.sandbox.SandboxSpec); None
+    means: spawn it normally instead."""
+    z = _get(argv[0], sandbox.env)
     if z is None:
         return None
-    proc = z.fork(argv[1], cwd, env, mem_bytes, cpu_secs, new_netns)
+    proc = z.fork(argv[1], sandbox)
     if proc is None and not z.alive():
         z.stop()
     return proc

@@ -1,13 +1,17 @@
 """The warm-start zygote: run as a *script* by the resolved python launcher (never imported by the worker).
 
-It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules,
-then waits on a SOCK_SEQPACKET control socket. Each request carries, as SCM_RIGHTS, a reply socket and the hook's
-stdin/stdout/stderr pipe ends; the JSON spec (script, cwd, env, limits) follows on the reply socket. The zygote
-forks; the child becomes exactly what `<python> <script>` would be (new session, PDEATHSIG, rlimits, stdio, cleared
-environment, cwd, sys.argv, sys.path[0], a fresh `__main__`) and runs the script. The zygote reports the child's
-pid, then its exit status, on the reply socket. Single-threaded on purpose: fork() from a threaded process is unsafe.
+It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules and
+engine/sandbox.py (by path, argv[2]: stdlib only), then waits on a SOCK_SEQPACKET control socket. Each request
+carries, as SCM_RIGHTS, a reply socket and the hook's stdin/stdout/stderr pipe ends; the JSON spec (script and the
+runner's SandboxSpec) follows on the reply socket. The zygote forks; the child takes a new session and its stdio,
+applies the sandbox with the same function as a spawned hook (sandbox.enter: PDEATHSIG, cgroup, namespaces, mounts,
+rlimits, capabilities, cwd; the hook itself ends up forked below the namespace's init), sets the cleared
+environment, sys.argv, sys.path[0] and a fresh `__main__`, and runs the script. The zygote reports the child's pid,
+then its exit status (the hook's, mirrored), on the reply socket. Single-threaded on purpose: fork() from a threaded
+process is unsafe.
 
-Stdlib only, no imports from the engine package, compatible with any CPython >= 3.9 on Linux.
+No imports from the engine package (engine/sandbox.py is loaded by path), compatible with any CPython >= 3.9 on
+Linux.
 """
 
 import sys
@@ -16,13 +20,11 @@ _BASELINE = frozenset(sys.modules)  # what a fresh interpreter of this launcher 
 
 import array  # noqa: E402
 import builtins  # noqa: E402
-import ctypes  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402  (preloaded for hooks: the one module nearly every python hook imports)
 import json.decoder  # noqa: E402,F401
 import json.encoder  # noqa: E402,F401
 import os  # noqa: E402
-import resource  # noqa: E402
 import selectors  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
@@ -30,10 +32,9 @@ import sysconfig  # noqa: E402
 import types  # noqa: E402
 from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
-_PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
 _SIGINT = 2
-_CLONE_NEWNET = 0x40000000
+_SANDBOX_NAME = "librefang_sandbox"
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 
@@ -215,29 +216,22 @@ def _die(message, code):
         os._exit(code)
 
 
-def _setup_child(spec, stdio, zygote_pid, libc, extras_top):
-    """Everything Popen(start_new_session=True, close_fds=True, cwd=, env=, preexec_fn=sandbox) does, in order."""
+def _setup_child(spec, stdio, zygote_pid, sandbox, extras_top):
+    """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order."""
     os.setsid()
-    if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-        if os.getppid() != zygote_pid:
-            os._exit(137)
-    if spec.get("mem"):
-        resource.setrlimit(resource.RLIMIT_AS, (spec["mem"], spec["mem"]))
-    if spec.get("cpu"):
-        resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu"], spec["cpu"] + 1))
-    if spec.get("newnet") and (libc is None or libc.unshare(_CLONE_NEWNET) != 0):
-        os._exit(126)  # never run a network-denied hook with the network (as engine.runner's preexec)
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
     for fd in stdio:
         if fd > 2:
             os.close(fd)
     os.closerange(3, 65536)
+    box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
     try:
-        os.chdir(spec["cwd"])
-    except OSError as exc:
-        _die(f"warm start: cannot enter {spec['cwd']!r}: {exc}\n", 126)
+        sandbox.enter(box, zygote_pid)  # returns in the hook's own process
+    except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
+        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+    sys.modules.pop(_SANDBOX_NAME, None)  # a fresh interpreter would not have it
+    spec["env"] = box.env
     os.environ.clear()
     os.environ.update(spec["env"])
     if hasattr(sys.modules.get("time"), "tzset"):
@@ -396,16 +390,33 @@ def _finalize(status, main, forked_modules, interrupted):
     os._exit(status)
 
 
+def _load_sandbox(path):
+    """engine/sandbox.py as a module of its own (this script imports nothing from the engine package)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    found = spec_from_file_location(_SANDBOX_NAME, path)
+    module = module_from_spec(found)
+    sys.modules[_SANDBOX_NAME] = module  # dataclasses looks its module up while building SandboxSpec
+    found.loader.exec_module(module)
+    return module
+
+
 def _main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     problem = _check_preloaded()
+    sandbox = None
+    if not problem:
+        try:
+            sandbox = _load_sandbox(sys.argv[2])
+        except Exception as exc:  # noqa: BLE001 - reported in the handshake: hooks then spawn normally
+            problem = f"cannot load the sandbox module: {type(exc).__name__}: {exc}"
+    if not problem:  # what the sandbox module imported must be this interpreter's stdlib too
+        sys.modules.pop(_SANDBOX_NAME, None)
+        problem = _check_preloaded()
+        sys.modules[_SANDBOX_NAME] = sandbox
     if problem or not hasattr(os, "pidfd_open") or not hasattr(os, "waitstatus_to_exitcode"):
         ctl.send(json.dumps({"ready": False, "why": problem or "python too old for warm start"}).encode())
         os._exit(3)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        libc = None
     extras_top = frozenset(n.partition(".")[0] for n in set(sys.modules) - _BASELINE
                            if getattr(sys.modules[n], "__file__", None))
     zygote_pid = os.getpid()
@@ -417,7 +428,7 @@ def _main():
     if spec is None:  # the spare child
         spec, stdio = _await_call(stdio)
     try:
-        _setup_child(spec, stdio, zygote_pid, libc, extras_top)
+        _setup_child(spec, stdio, zygote_pid, sandbox, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
     return spec

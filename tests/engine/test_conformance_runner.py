@@ -21,15 +21,19 @@ from engine.runner import BLOCKED_ENV_VARS, network_isolation_available
 from tests.engine.helpers import pid_alive, run
 
 
-@pytest.fixture(params=["wrappers", "preexec"])
+@pytest.fixture(params=["isolated", "degraded"])
 def spawn_mode(request, monkeypatch):
-    """The sandbox is applied by exec wrappers (setpriv/prlimit/unshare, keeps vfork) or, where those are missing,
-    by the preexec function: both must behave the same. (Python hooks may also come from the warm-start zygote.)"""
+    """Spawned hooks (no zygote) in their own namespaces (engine/sandbox.py), or without them as on an OS that refuses
+    namespaces: the protocol behaves the same. (Python hooks may also come from the warm-start zygote.)"""
+    from engine import sandbox
+
     monkeypatch.setenv("LIBREFANG_WARM_START", "0")
-    if request.param == "preexec":
-        monkeypatch.setattr("engine.runner._wrap", lambda *a, **k: None)
-        monkeypatch.setenv("LIBREFANG_SANDBOX_WRAPPERS", "0")
-    return request.param
+    if request.param == "degraded":
+        monkeypatch.setenv("LIBREFANG_SANDBOX_NAMESPACES", "0")
+    sandbox.forget_probe()
+    yield request.param
+    monkeypatch.undo()
+    sandbox.forget_probe()
 
 
 @pytest.fixture
@@ -183,18 +187,31 @@ def test_it_kills_a_hook_that_never_exits(pdir):
     assert time.monotonic() - t < 10
 
 
+def marked_pids(marker: str) -> list[int]:
+    """Host pids whose command line contains `marker` (a hook's own pids are its namespace's, not ours)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read() and pid_alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
 def test_it_kills_the_whole_process_group_on_timeout(spawn_mode, pdir):
-    src = """
+    marker = f"grandchild-{os.getpid()}-{time.monotonic_ns()}"
+    src = f"""
     import subprocess, sys, time
     sys.stdin.read()
-    child = subprocess.Popen(["sleep", "300"])
-    print(child.pid, file=sys.stderr, flush=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
     time.sleep(300)
     """
     r = run(pdir, src, timeout=2)
     assert r.failure.kind == P.TIMEOUT
-    grandchild = int(r.stderr.split()[0])
-    assert wait_until(lambda: not pid_alive(grandchild), 5)
+    assert wait_until(lambda: not marked_pids(marker), 5)
 
 
 def test_it_returns_promptly_when_a_grandchild_keeps_the_pipes_open(pdir):
@@ -341,8 +358,10 @@ def test_it_allows_network_when_allow_network_is_true(pdir, listener):
 # ---- the worker dies: its hooks die with it ----
 
 def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, tmp_path):
-    pidfile = tmp_path / "hook.pid"
-    script = f"import os, sys, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
+    pidfile = tmp_path / "hook.pid"  # the hook's pid in its own namespace: it is found on the host by its marker
+    marker = f"hook-{os.getpid()}-{time.monotonic_ns()}"
+    script = (f"import os, sys, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+              f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])\n")
     (pdir / "hooks").mkdir()
     (pdir / "hooks" / "hook.py").write_text(script)
     driver = textwrap.dedent(f"""
@@ -355,9 +374,8 @@ def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, t
     """)
     worker = subprocess.Popen([sys.executable, "-c", driver])
     try:
-        assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 30)
-        hook_pid = int(pidfile.read_text())
-        assert pid_alive(hook_pid)
+        assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() and marked_pids(marker), 30)
+        [hook_pid] = marked_pids(marker)
         worker.kill()
         worker.wait(10)
         assert wait_until(lambda: not pid_alive(hook_pid), 10)

@@ -76,18 +76,30 @@ def _run(call: HookCall, warm: bool, monkeypatch, lines: list | None = None):
     return run_hook(call, on_stderr=(lines.append if lines is not None else None))
 
 
-def _ppid_probe(tmp_path):
-    return _plugin(tmp_path, "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'ppid': os.getppid()}))\n")
+# A hook runs below its PID namespace's init (engine/sandbox.py), a fork of whatever started it: the zygote's command
+# line there says the hook was forked warm. Which zygote served a call is counted on our side (`_served`).
+WARM_PROBE = ("import json, sys\nsys.stdin.read()\n"
+              "print(json.dumps({'warm': b'warmstart_zygote' in open('/proc/1/cmdline', 'rb').read()}))\n")
+
+
+def _warm_probe(tmp_path):
+    return _plugin(tmp_path, WARM_PROBE)
+
+
+def _served() -> dict[int, int]:
+    with warmstart._lock:
+        return {z.pid: z.calls for z in warmstart._zygotes.values() if z.alive()}
 
 
 def test_it_forks_python_hooks_from_a_zygote(tmp_path, monkeypatch):
-    pdir = _ppid_probe(tmp_path)
+    pdir = _warm_probe(tmp_path)
     first = _run(_call(pdir), True, monkeypatch)
     second = _run(_call(pdir), True, monkeypatch)
     assert first.ok and second.ok, (first.failure, second.failure)
     pids = warmstart.zygote_pids()
     assert len(pids) == 1
-    assert first.reply["ppid"] == second.reply["ppid"] == pids[0] != os.getpid()
+    assert first.reply == second.reply == {"warm": True}
+    assert _served() == {pids[0]: 2}
 
 
 def test_it_gives_a_forked_hook_exactly_the_process_a_spawned_one_gets(tmp_path, monkeypatch):
@@ -227,7 +239,7 @@ def test_it_still_refuses_path_traversal(tmp_path, monkeypatch):
 
 
 def test_it_restarts_a_dead_zygote_and_never_fails_the_call(tmp_path, monkeypatch):
-    pdir = _ppid_probe(tmp_path)
+    pdir = _warm_probe(tmp_path)
     assert _run(_call(pdir), True, monkeypatch).ok
     [old] = warmstart.zygote_pids()
     os.kill(old, signal.SIGKILL)
@@ -236,10 +248,9 @@ def test_it_restarts_a_dead_zygote_and_never_fails_the_call(tmp_path, monkeypatc
         time.sleep(0.02)
     after_crash = _run(_call(pdir), True, monkeypatch)
     assert after_crash.ok, after_crash.failure
-    assert after_crash.reply["ppid"] != old
     again = _run(_call(pdir), True, monkeypatch)
     [new] = warmstart.zygote_pids()
-    assert new != old and again.reply["ppid"] == new
+    assert new != old and _served() == {new: 2} and again.reply == {"warm": True}
 
 
 def _alive(pid: int) -> bool:
@@ -251,37 +262,36 @@ def _alive(pid: int) -> bool:
 
 
 def test_it_is_off_when_disabled_globally(tmp_path, monkeypatch):
-    pdir = _ppid_probe(tmp_path)
+    pdir = _warm_probe(tmp_path)
     result = _run(_call(pdir), False, monkeypatch)
-    assert result.ok and result.reply["ppid"] == os.getpid()
+    assert result.ok and result.reply == {"warm": False}
     assert warmstart.zygote_pids() == []
 
 
 def test_it_is_off_for_a_plugin_that_says_warm_start_false(tmp_path, monkeypatch):
     home = Home(tmp_path / "home")
-    source = "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'ppid': os.getppid()}))\n"
-    make_plugin(home.plugins_dir, "cold", {"ingest": source}, toml_extra="warm_start = false")
-    make_plugin(home.plugins_dir, "warm", {"ingest": source})
+    make_plugin(home.plugins_dir, "cold", {"ingest": WARM_PROBE}, toml_extra="warm_start = false")
+    make_plugin(home.plugins_dir, "warm", {"ingest": WARM_PROBE})
     catalog = Catalog(home)
     monkeypatch.setenv("LIBREFANG_WARM_START", "1")
-    ppids = {}
+    warm = {}
     for name in ("cold", "warm"):
         call = hook_call_for(catalog.get(name), "ingest", {"agent_id": "a", "message": "m"}, home)
         assert isinstance(call, HookCall)
         result = run_hook(call)
         assert result.ok, result.failure
-        ppids[name] = result.reply["ppid"]
-    assert ppids["cold"] == os.getpid()
-    assert ppids["warm"] in warmstart.zygote_pids()
+        warm[name] = result.reply["warm"]
+    assert warm == {"cold": False, "warm": True}
+    assert list(_served().values()) == [1]
 
 
 def test_it_does_not_apply_to_other_runtimes(tmp_path, monkeypatch):
     pdir = tmp_path / "sh"
     pdir.mkdir()
-    (pdir / "hook.sh").write_text('read -r line\necho "{\\"ppid\\": $PPID}"\n')
+    (pdir / "hook.sh").write_text('read -r line\necho "{\\"shell\\": \\"$BASH_VERSION\\"}"\n')
     call = HookCall(plugin_dir=pdir, script="hook.sh", runtime=resolve_tag("bash"), request={}, timeout_secs=30)
     result = _run(call, True, monkeypatch)
-    assert result.ok and result.reply == {"ppid": os.getpid()}
+    assert result.ok and result.reply["shell"]
     assert warmstart.zygote_pids() == []
 
 
@@ -305,12 +315,12 @@ def test_it_falls_back_to_a_spawn_when_pythonpath_shadows_a_preloaded_module(tmp
         import json, os, sys
         sys.stdin.read()
         print(json.dumps({}))
-        print("ppid", os.getppid(), file=sys.stderr)
+        print("warm", b"warmstart_zygote" in open("/proc/1/cmdline", "rb").read(), file=sys.stderr)
     """)
     result = _run(_call(pdir, plugin_env={"PYTHONPATH": str(shadow)}), True, monkeypatch)
     assert result.ok, result.failure
     assert result.reply == {"shadow": True}  # the module a fresh interpreter imports, not the zygote's stdlib json
-    assert result.stderr.strip() == f"ppid {os.getpid()}"  # the zygote refused to start: spawned normally
+    assert result.stderr.strip() == "warm False"  # the zygote refused to start: spawned normally
     assert warmstart.zygote_pids() == []
 
 
@@ -320,7 +330,7 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
         import json, os, sys, time
         req = json.loads(sys.stdin.read())
         time.sleep(req.get("sleep", 0))
-        print(json.dumps({"ppid": os.getppid()}))
+        print(json.dumps({"warm": b"warmstart_zygote" in open("/proc/1/cmdline", "rb").read()}))
     """)
     import threading
 
@@ -334,11 +344,12 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
     [first] = warmstart.zygote_pids()
     time.sleep(0.3)  # the slow hook is running in a child of `first`
     other = _run(_call(pdir, request={}, plugin_env={"TZ": "Pacific/Kiritimati"}), True, monkeypatch)
-    assert other.ok and other.reply["ppid"] != first
-    assert warmstart.zygote_pids() == [other.reply["ppid"]]  # `first` was evicted ...
+    assert other.ok and other.reply == {"warm": True}
+    [second] = warmstart.zygote_pids()  # `first` was evicted ...
+    assert second != first and _served() == {second: 1}
     runner_thread.join(30)
-    assert slow[0].ok, slow[0].failure  # ... but its running hook finished normally
-    assert slow[0].reply == {"ppid": first}
+    assert slow[0].ok, slow[0].failure  # ... but its running hook (forked by `first`) finished normally
+    assert slow[0].reply == {"warm": True}
     end = time.monotonic() + 10
     while time.monotonic() < end and _alive(first):
         time.sleep(0.05)
@@ -359,7 +370,7 @@ def _children_of(pid: int) -> list[int]:
 
 
 def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
-    pdir = _ppid_probe(tmp_path)
+    pdir = _warm_probe(tmp_path)
     assert _run(_call(pdir), True, monkeypatch).ok
     [zygote] = warmstart.zygote_pids()
     end = time.monotonic() + 10
@@ -371,5 +382,5 @@ def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
     time.sleep(0.1)
     result = _run(_call(pdir), True, monkeypatch)
     assert result.ok, result.failure
-    assert result.reply["ppid"] == zygote
+    assert result.reply == {"warm": True} and _served() == {zygote: 2}
     assert warmstart.zygote_pids() == [zygote]

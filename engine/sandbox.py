@@ -1,0 +1,583 @@
+"""What a hook gets, described once (`SandboxSpec`), and the one function that applies it in the child (`enter`).
+
+Both spawn paths apply the same description: the cold path calls `enter` in the forked child right before exec
+(engine/runner.py), the warm-start zygote calls it in its forked child right before running the script
+(engine/warmstart_zygote.py receives the spec as JSON and loads this file by path). So this module is stdlib only,
+imports nothing from the engine and runs on any CPython >= 3.9.
+
+Where the OS allows namespaces (root, or an unprivileged user namespace), `enter` gives every hook:
+- its own PID namespace with a fresh /proc: it sees no service process. The child that called `enter` stays outside
+  as a *keeper* the caller waits on; inside, a tiny init (pid 1) runs the hook (pid 2) and reaps orphans. When the
+  hook ends, init ends with its exit status, and the kernel kills everything left in the namespace: detached,
+  double-forked or pipe-holding descendants cannot outlive the call. When the keeper is killed (timeout), init gets
+  PDEATHSIG and the namespace dies the same way. The keeper mirrors the hook's exit status (signal included).
+- a private mount namespace: `$LIBREFANG_HOME` is covered by an empty read-only tmpfs, and only the plugin's own
+  directory and its data directory are bound back at the same paths; /sys and /proc/sys are read-only (the hook's
+  cgroup limits stay where they are); with `allow_filesystem = false` every other mount is read-only too, except
+  the writable directories (the data dir).
+- an empty network namespace when `allow_network = false`.
+- no capabilities and no_new_privs (root hooks cannot undo the mounts; a user namespace's powers end at exec anyway).
+- rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
+  processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
+  creates it with `Cgroups.create`; `enter` moves the hook in before anything else).
+
+Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
+rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import threading
+import warnings
+from dataclasses import asdict, dataclass, field
+
+# linux/sched.h, linux/mount.h, linux/prctl.h, linux/capability.h
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+_CAP_VERSION_3 = 0x20080522
+_LOCKED_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+                   "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+# Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
+SETUP_FAILED = 126
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a hook gets besides its argv. JSON-serialisable (the zygote receives it over a socket)."""
+
+    cwd: str
+    env: dict = field(default_factory=dict)
+    rlimits: tuple = ()  # ((name, soft, hard), ...) with name an attribute of `resource`, e.g. "RLIMIT_AS"
+    isolate: bool = False  # own PID + mount namespace, fresh /proc, home hidden, no capabilities
+    user_ns: bool = False  # create a user namespace first (the service is not root)
+    new_net: bool = False  # empty network namespace (allow_network = false)
+    hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
+    keep: tuple = ()  # ... except these directories, bound back at the same paths (plugin dir, data dir)
+    read_only: bool = False  # allow_filesystem = false: every mount read-only ...
+    writable: tuple = ()  # ... except these directories
+    cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
+    uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
+    gid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SandboxSpec:
+        tuples = {"rlimits", "keep", "writable", "cgroups"}
+        return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
+                      for k, v in data.items()})
+
+
+class SetupError(Exception):
+    pass
+
+
+_libc_handle: list = []
+
+
+def libc():
+    if not _libc_handle:
+        try:
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+            lib.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        except (OSError, AttributeError):
+            lib = None
+        _libc_handle.append(lib)
+    return _libc_handle[0]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(err)}")
+
+
+def _mount(lib, source, target, fstype, flags, data=None) -> None:
+    def enc(value):
+        return None if value is None else os.fsencode(value)
+
+    _check(lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+# ---- in the child ---------------------------------------------------------------------------------------------
+
+def enter(spec: SandboxSpec, parent_pid: int) -> None:
+    """Apply `spec` in a freshly forked child whose parent is `parent_pid`. Returns in the process that must become
+    the hook (exec it, or run the script); never returns in the keeper or init. Raises SetupError when something
+    cannot be applied: the caller must then exit without running the hook."""
+    lib = libc()
+    if lib is not None:
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died between fork and prctl
+            os._exit(137)
+    for path in spec.cgroups:  # first, so that every process of the call is counted
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write("0")
+    if spec.isolate:
+        if lib is None:
+            raise SetupError("no libc")
+        flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWNET if spec.new_net else 0)
+        _check(lib.unshare(flags | (CLONE_NEWUSER if spec.user_ns else 0)), "unshare")
+        if spec.user_ns:
+            _map_ids(spec.uid, spec.gid)
+        _build_view(lib, spec)
+        _split_keeper_init_hook(lib)  # returns in the hook only
+    elif spec.new_net:
+        if lib is None:
+            raise SetupError("no libc")
+        _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
+    for name, soft, hard in spec.rlimits:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    if lib is not None:
+        _drop_privileges(lib)
+    os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(text)
+
+
+def _build_view(lib, spec: SandboxSpec) -> None:
+    _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
+    if spec.hide and os.path.isdir(spec.hide):
+        kept = []
+        for path in spec.keep:  # held open across the tmpfs, then bound back from the descriptor
+            if _under(path, spec.hide) and os.path.isdir(path):
+                kept.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
+        _mount(lib, "tmpfs", spec.hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for path, fd in kept:
+            os.makedirs(path, exist_ok=True)
+            _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            os.close(fd)
+        _mount(lib, None, spec.hide, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if spec.read_only:
+        for path in spec.writable:  # own mounts, so that they stay writable when everything else is not
+            if os.path.isdir(path):
+                _mount(lib, path, path, None, MS_BIND | MS_REC)
+    for mountpoint, options in _mounts():
+        if _under(mountpoint, "/proc") or _under(mountpoint, "/dev"):
+            continue
+        if not _under(mountpoint, "/sys"):
+            if not spec.read_only or any(_under(mountpoint, w) for w in spec.writable):
+                continue
+        if "ro" in options:
+            continue
+        locked = sum(flag for name, flag in _LOCKED_OPTIONS.items() if name in options)
+        # Best effort per mount (one may be gone or refuse); "/" and /sys themselves must succeed.
+        rc = lib.mount(None, os.fsencode(mountpoint), None, MS_BIND | MS_REMOUNT | MS_RDONLY | locked, None)
+        if rc != 0 and mountpoint in ("/", "/sys"):
+            _check(rc, f"read-only {mountpoint}")
+
+
+def _split_keeper_init_hook(lib) -> None:
+    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
+    status_r, status_w = os.pipe()
+    # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
+    # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r)
+    os.close(status_r)
+    lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    poller = select.poll()
+    poller.register(status_w, select.POLLOUT)
+    if any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0)):
+        os._exit(137)  # the keeper died before PDEATHSIG was set: no reader left on the status pipe
+    try:
+        _mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except SetupError:
+        # A kernel may refuse a new proc inside a user namespace (masked /proc in containers): then no /proc at
+        # all rather than the service's.
+        _mount(lib, "tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
+    else:
+        _mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+        lib.mount(None, b"/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  None)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
+
+
+def _fork() -> int:
+    with warnings.catch_warnings():  # 3.12+ warns about fork() with threads; the caller is a fresh child
+        warnings.simplefilter("ignore")
+        return os.fork()
+
+
+def _close_all_but(keep: int) -> None:
+    os.closerange(0, keep)
+    os.closerange(keep + 1, 1 << 20)
+
+
+def _keep(init_pid: int, status_r: int) -> None:
+    """The keeper: holds no pipe of the hook, waits for init, then exits the way the hook did. Never returns."""
+    _close_all_but(status_r)
+    status = _wait_for(init_pid)
+    os.set_blocking(status_r, False)
+    try:
+        data = os.read(status_r, 16)
+    except OSError:
+        data = b""
+    if len(data) >= 4:
+        status = int.from_bytes(data[:4], "little", signed=True)  # the hook's own wait status, reported by init
+    _exit_like(status)
+
+
+def _init(hook_pid: int, status_w: int) -> None:
+    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns."""
+    _close_all_but(status_w)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(0)
+        if pid == hook_pid:
+            try:
+                os.write(status_w, status.to_bytes(4, "little", signed=True))
+            except OSError:
+                pass
+            os._exit(0)  # the kernel now kills whatever the hook left in the namespace
+
+
+def _wait_for(pid: int) -> int:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 0
+
+
+def _exit_like(status: int) -> None:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # mirror a SIGSEGV without dumping the keeper's core
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _drop_privileges(lib) -> None:
+    """No capabilities now or after exec (bounding set emptied), and no setuid gains."""
+    lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if not _has_capabilities():
+        return
+    for cap in range(64):
+        if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last cap
+            break
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(lib.capset(header, data), "capset")
+
+
+def _has_capabilities() -> bool:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16) != 0
+    except OSError:
+        pass
+    return os.geteuid() == 0
+
+
+def _mounts() -> list:
+    with open("/proc/self/mountinfo", "rb") as fh:
+        lines = fh.read().splitlines()
+    out = []
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) < 6:
+            continue
+        point = _unescape(fields[4]).decode("utf-8", "surrogateescape")
+        out.append((point, set(fields[5].decode().split(","))))
+    return out
+
+
+def _unescape(raw: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i:i + 1] == b"\\" and raw[i + 1:i + 4].isdigit():
+            out.append(int(raw[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return bytes(out)
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+# ---- in the service: what this OS allows, probed once -----------------------------------------------------------
+
+_probe_lock = threading.Lock()
+_probed: list = []  # [(mode, reasons)]: mode "root", "userns" or None (degraded)
+
+
+def probe() -> tuple:
+    """("root" | "userns" | None, reasons): how hooks are isolated here. Runs a real child once per process."""
+    if _probed:
+        return _probed[0]
+    with _probe_lock:
+        if not _probed:
+            _probed.append(_probe())
+    return _probed[0]
+
+
+def _probe() -> tuple:
+    if not sys.platform.startswith("linux"):
+        return None, [f"no namespaces on {sys.platform}: hooks can see the service's files and processes"]
+    if os.environ.get("LIBREFANG_SANDBOX_NAMESPACES", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, ["namespaces disabled by LIBREFANG_SANDBOX_NAMESPACES=0: hooks can see the service's files "
+                      "and processes, and processes they detach outlive them"]
+    if libc() is None:
+        return None, ["libc cannot be loaded: no namespaces"]
+    problems = []
+    attempts = [("root", False)] if os.geteuid() == 0 else []
+    attempts.append(("userns", True))
+    for mode, user_ns in attempts:
+        error = _try(SandboxSpec(cwd="/", isolate=True, user_ns=user_ns, uid=os.getuid(), gid=os.getgid()))
+        if error is None:
+            return mode, []
+        problems.append(f"{'user namespace' if user_ns else 'namespaces'}: {error}")
+    return None, ["this OS refuses namespaces to the service (" + "; ".join(problems) + "): hooks can see the "
+                  "service's files and processes, and processes they detach outlive them"]
+
+
+def _try(spec: SandboxSpec) -> str | None:
+    """Run `/bin/sh -c 'exit 7'` inside `spec`; None if it ran there, else why not."""
+    import subprocess
+
+    parent = os.getpid()
+
+    def child() -> None:
+        try:
+            enter(spec, parent)
+        except BaseException as exc:  # noqa: BLE001 - reported through the exit status and stderr
+            os.write(2, str(exc).encode())
+            os._exit(SETUP_FAILED)
+
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", "exit 7"], preexec_fn=child, capture_output=True, timeout=10,
+                              close_fds=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if proc.returncode == 7:
+        return None
+    return proc.stderr.decode("utf-8", "replace").strip() or f"exit status {proc.returncode}"
+
+
+def forget_probe() -> None:
+    """Probe again on next use (tests that switch LIBREFANG_SANDBOX_NAMESPACES)."""
+    with _probe_lock:
+        _probed.clear()
+        _net_state.clear()
+
+
+def mode() -> str | None:
+    return probe()[0]
+
+
+def degraded_reasons() -> list:
+    """Why hooks run without namespaces here ([] when they are isolated). For the doctor and a dashboard banner."""
+    return list(probe()[1])
+
+
+def network_isolation_available() -> bool:
+    """Whether hooks can get an empty network namespace (within their own namespaces, or alone)."""
+    if mode() is not None:
+        return True
+    return _net_only()
+
+
+_net_state: list = []
+
+
+def _net_only() -> bool:
+    if not _net_state:
+        with _probe_lock:
+            if not _net_state:
+                _net_state.append(sys.platform.startswith("linux") and libc() is not None
+                                  and _try(SandboxSpec(cwd="/", new_net=True)) is None)
+    return _net_state[0]
+
+
+# ---- in the service: per-call cgroups for the memory and process-count limits ----------------------------------
+
+class Cgroups:
+    """One cgroup per call under the service's own, with memory and pids limits, where the service may create them
+    (cgroup v1 `memory`/`pids` hierarchies, or cgroup v2 with those controllers enabled for its children). Found
+    once per process; `available()` lists what is enforced. Leftovers that are still busy are retried later."""
+
+    _FILES = {"memory": {1: "memory.limit_in_bytes", 2: "memory.max"}, "pids": {1: "pids.max", 2: "pids.max"}}
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bases: dict | None = None  # controller -> (version, directory)
+        self._pending: list = []
+        self._count = 0
+
+    def available(self) -> list:
+        return sorted(self._found())
+
+    def create(self, memory_bytes: int | None, pids: int | None) -> tuple:
+        """Directories of a fresh cgroup (one per hierarchy) with these limits; () where none can be made."""
+        wanted = {"memory": memory_bytes, "pids": pids}
+        bases = self._found()
+        with self._lock:
+            self._retry_pending()
+            self._count += 1
+            name = f"librefang-hook-{os.getpid()}-{self._count}"
+        made: dict = {}
+        try:
+            for controller, limit in wanted.items():
+                if not limit or controller not in bases:
+                    continue
+                version, base = bases[controller]
+                path = os.path.join(base, name)
+                if path not in made.values():
+                    os.mkdir(path)
+                    made[controller] = path
+                with open(os.path.join(path, self._FILES[controller][version]), "w") as fh:
+                    fh.write(str(limit))
+        except OSError:
+            self.release(tuple(made.values()))
+            return ()
+        return tuple(dict.fromkeys(made.values()))
+
+    def oom_killed(self, paths: tuple) -> bool:
+        """Whether the kernel killed a process of this call for exceeding its memory limit."""
+        return _oom_killed(paths)
+
+    def release(self, paths: tuple) -> None:
+        for path in paths:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                with self._lock:
+                    self._pending.append(path)
+
+    def _retry_pending(self) -> None:
+        still = []
+        for path in self._pending:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                still.append(path)
+        self._pending = still
+
+    def _found(self) -> dict:
+        if self._bases is None:
+            with self._lock:
+                if self._bases is None:
+                    self._bases = _find_cgroup_bases() if sys.platform.startswith("linux") else {}
+        return self._bases
+
+
+def _find_cgroup_bases() -> dict:
+    try:
+        with open("/proc/self/cgroup") as fh:
+            own = [line.rstrip("\n").split(":", 2) for line in fh if line.count(":") >= 2]
+        with open("/proc/self/mountinfo", "rb") as fh:
+            mountinfo = fh.read().decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return {}
+    v1_mounts, v2_mount = {}, None
+    for line in mountinfo:
+        left, _, right = line.partition(" - ")
+        fstype, _source, *rest = right.split(" ")
+        point = _unescape(left.split(" ")[4].encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+        if fstype == "cgroup2":
+            v2_mount = v2_mount or point
+        elif fstype == "cgroup" and rest:
+            for option in rest[0].split(","):
+                v1_mounts.setdefault(option, point)
+    bases = {}
+    for _hid, controllers, path in own:
+        for controller in ("memory", "pids"):
+            if controllers and controller in controllers.split(",") and controller in v1_mounts:
+                bases[controller] = (1, v1_mounts[controller] + path.rstrip("/"))
+            elif controllers == "" and v2_mount and controller not in bases:
+                directory = v2_mount + path.rstrip("/")
+                try:
+                    with open(os.path.join(directory, "cgroup.subtree_control")) as fh:
+                        enabled = fh.read().split()
+                except OSError:
+                    enabled = []
+                if controller in enabled:
+                    bases[controller] = (2, directory)
+    return {c: b for c, b in bases.items() if _can_create_under(b[1], Cgroups._FILES[c][b[0]])}
+
+
+def _can_create_under(base: str, limit_file: str) -> bool:
+    probe_dir = os.path.join(base, f"librefang-probe-{os.getpid()}")
+    try:
+        os.mkdir(probe_dir)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        return os.access(os.path.join(probe_dir, limit_file), os.W_OK) and \
+            os.access(os.path.join(probe_dir, "cgroup.procs"), os.W_OK)
+    finally:
+        try:
+            os.rmdir(probe_dir)
+        except OSError:
+            pass
+
+
+cgroups = Cgroups()
+
+
+def _oom_killed(paths: tuple) -> bool:
+    for path in paths:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(os.path.join(path, name)) as fh:
+                    for line in fh:
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                            return True
+            except OSError:
+                continue
+    return False
