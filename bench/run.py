@@ -297,6 +297,45 @@ def phase_throughput(service: LiveService, spawn: DirectSpawn, label: str, direc
     return out
 
 
+BURST_AGENTS = 250
+
+
+def phase_burst(service: LiveService, spawn: DirectSpawn, agents: int = BURST_AGENTS) -> dict:
+    """`agents` agents (each with its own connection, opened beforehand) send one ingest call at the same moment;
+    calls/s from the first send to the last answer, against 2 processes spawning the hook directly."""
+    duration = max(1.5, 5.0 * SCALE)
+    log(f"burst: 2 processes spawning directly for {duration:.1f}s (baseline)")
+    direct = run_for(duration, 2, lambda state: spawn.once())
+    log(f"burst: {agents} agents call ingest over REST at once")
+    go = threading.Barrier(agents)
+
+    def agent(i: int) -> tuple[float, float, int, dict]:
+        client = Client(service)
+        client.conn = http.client.HTTPConnection(client.host, client.port, timeout=120)
+        client.conn.connect()
+        go.wait()
+        started = time.perf_counter()
+        try:
+            status, body = client.hook("ingest", {**REQUEST, "agent_id": f"burst{i}"})
+        except Exception as exc:  # counted as an error
+            status, body = 0, {"error": str(exc)[:200]}
+        finally:
+            client.conn.close()
+        return started, time.perf_counter(), status, body
+
+    with concurrent.futures.ThreadPoolExecutor(agents) as pool:
+        answers = list(pool.map(agent, range(agents)))
+    wall = max(a[1] for a in answers) - min(a[0] for a in answers)
+    errors = [a for a in answers if a[2] != 200]
+    fallbacks = [a for a in answers if a[2] == 200 and a[3].get("source") != "bench_py"]
+    calls_per_s = round(len(answers) / wall, 2)
+    return {"agents": agents, "seconds": round(wall, 3), "calls_per_s": calls_per_s,
+            "ratio_to_direct_2": round(calls_per_s / direct["calls_per_s"], 3) if direct["calls_per_s"] else None,
+            "direct_2_processes": direct, "latency": summary([(a[1] - a[0]) * 1000 for a in answers]),
+            "errors": len(errors), "first_errors": [str(a[3])[:200] for a in errors[:3]],
+            "fallbacks": len(fallbacks), "first_fallbacks": [a[3].get("fallback_reason") for a in fallbacks[:3]]}
+
+
 class WsCollector:
     """A websocket client on /ws/stderr/<plugin>/?format=json, recording (receipt time, message)."""
 
@@ -589,6 +628,12 @@ def table(results: dict) -> str:
         c = results["throughput"]["rest_cold"][agents]
         out.append(f"{'':26}{agents:>6} | {dd['calls_per_s']:>8.1f} | {w['calls_per_s']:>8.1f} ({w['ratio_to_direct']:.2f})"
                    f"    | {c['calls_per_s']:>8.1f} ({c['ratio_to_direct']:.2f})")
+    b = results["burst"]
+    out.append("")
+    out.append(f"burst: {b['agents']} agents at once over REST (worker warm): {b['calls_per_s']:.1f} calls/s = "
+               f"{b['ratio_to_direct_2']:.2f} x direct spawning with 2 processes "
+               f"({b['direct_2_processes']['calls_per_s']:.1f}/s; target >= 1.5), p50 {b['latency']['p50_ms']:.0f} ms, "
+               f"p99 {b['latency']['p99_ms']:.0f} ms, fallbacks {b['fallbacks']} (must be 0), errors {b['errors']}")
     s = results["stderr"]
     lat, burst = s["latency"], s["burst"]
     out.append("")
@@ -638,6 +683,7 @@ def main() -> int:
         restart_worker(service, warm=True)
         results["rest"]["warm"] = phase_rest(service, spawn, "warm")
         results["throughput"]["rest_warm"] = phase_throughput(service, spawn, "warm", results["throughput"]["direct"])
+        results["burst"] = phase_burst(service, spawn)
         results["stderr"] = phase_stderr(service)
         results["memory"] = phase_memory(service)
     finally:
