@@ -17,6 +17,7 @@ class CreatePluginForm(forms.Form):
     name = forms.CharField(max_length=128, strip=True)
     description = forms.CharField(max_length=MAX_DESCRIPTION, required=False, strip=True,
                                   widget=forms.Textarea(attrs={"rows": 2}))
+    author = forms.CharField(max_length=200, required=False, strip=True)
     runtime = forms.ChoiceField(choices=[(t, t) for t in RUNTIMES], initial="python")
     hooks = forms.MultipleChoiceField(choices=[(h, h) for h in ALL_HOOKS], initial=list(DEFAULT_HOOKS),
                                       widget=forms.CheckboxSelectMultiple, required=True,

@@ -37,7 +37,7 @@ def chain() -> dict:
     for name in cfg.context_engine.chain:
         if not catalog.exists(name):
             out.append({"plugin": name, "installed": False, "enabled": False, "hooks_valid": False, "hooks": {},
-                        "runtime": None, "serving": False})
+                        "runtime": None, "serving": False, "cannot_run": "not installed"})
             continue
         entry = catalog.get(name)
         m = entry.plugin.manifest if entry.plugin else None
@@ -49,7 +49,9 @@ def chain() -> dict:
             "runtime": m.runtime.label if m else None,
             "hook_timeout_secs": m.hooks.hook_timeout_secs if m else None,
             "cache_ttl_secs": m.hooks.hook_cache_ttl_secs if m else None,
-            "serving": entry.enabled and m is not None,
+            "cannot_run": entry.cannot_run,
+            # serving = enabled AND able to run: a deno plugin without deno is enabled but serves nothing
+            "serving": entry.enabled and m is not None and not entry.cannot_run,
         })
     mode = cfg.context_engine.mode
     return {"mode": mode, "chain": out, "chain_length": len(out), "fallback": "default engine (built-in memory recall)"}

@@ -56,10 +56,23 @@ def plugin_row(name: str, lang: str | None = None, hour: dict | None = None) -> 
     return {"plugin": summary, "hour": hour.get(name)}
 
 
-def plugin_rows(lang: str | None = None, *, enabled: str = "", errors: bool = False, runtime: str = "") -> list[dict]:
+SORT_KEYS = {
+    "name": lambda r: r["plugin"].name.lower(),
+    "runtime": lambda r: (r["plugin"].runtime or "~", r["plugin"].name.lower()),
+    "state": lambda r: (r["plugin"].state, r["plugin"].name.lower()),
+    "calls": lambda r: ((r["hour"] or {}).get("calls") or 0, r["plugin"].name.lower()),
+    "errors": lambda r: ((r["hour"] or {}).get("error_rate") or 0, (r["hour"] or {}).get("failures") or 0),
+    "p95": lambda r: ((r["hour"] or {}).get("p95_ms") or 0, r["plugin"].name.lower()),
+}
+
+
+def plugin_rows(lang: str | None = None, *, enabled: str = "", errors: bool = False, runtime: str = "",
+                q: str = "", sort: str = "name", desc: bool = False) -> list[dict]:
     """Rows for the plugins table. enabled: "" (any), "yes" or "no"; errors: only plugins with failures in the
-    last hour or problems (invalid manifest, missing hook files); runtime: one runtime tag."""
+    last hour or problems (invalid manifest, missing hook files, cannot run); runtime: one runtime tag; q: words
+    that must all appear in the name, display name, description or author; sort: a SORT_KEYS key."""
     hour = metric_selectors.last_hour()
+    words = [w for w in (q or "").lower().split() if w]
     rows = []
     for p in plugin_selectors.list_plugins(lang):
         row = {"plugin": p, "hour": hour.get(p.name)}
@@ -67,9 +80,14 @@ def plugin_rows(lang: str | None = None, *, enabled: str = "", errors: bool = Fa
             continue
         if runtime and p.runtime != runtime:
             continue
-        if errors and not (not p.valid or not p.hooks_valid or (row["hour"] and row["hour"]["failures"])):
+        if errors and not (not p.valid or not p.hooks_valid or p.cannot_run
+                           or (row["hour"] and row["hour"]["failures"])):
+            continue
+        haystack = " ".join((p.name, p.display_name, p.description, p.author)).lower()
+        if any(w not in haystack for w in words):
             continue
         rows.append(row)
+    rows.sort(key=SORT_KEYS.get(sort, SORT_KEYS["name"]), reverse=desc)
     return rows
 
 
@@ -132,6 +150,30 @@ def hook_rows(name: str) -> list[dict]:
     return rows
 
 
+def curl_snippets(base_url: str, name: str, hooks: list[str]) -> list[dict]:
+    """Ready-to-paste curl calls per declared hook: the agent route (answered by the active engine, so by this
+    plugin only while it serves) and the plugin's own test-hook route. The token stays a shell variable."""
+    import json
+    import shlex
+
+    from plugins_app.selectors.examples import example_request
+
+    out = []
+    for hook in hooks:
+        body = json.dumps(example_request(hook), ensure_ascii=False, separators=(",", ":"))
+        test_body = json.dumps({"hook": hook, "input": example_request(hook)}, ensure_ascii=False,
+                               separators=(",", ":"))
+        head = '  -H "Authorization: Bearer $LIBREFANG_TOKEN" -H "Content-Type: application/json" \\\n'
+        out.append({
+            "hook": hook,
+            "agent": f"curl -sS -X POST {shlex.quote(f'{base_url}/api/context-engine/hooks/{hook}')} \\\n"
+                     + head + f"  -d {shlex.quote(body)}",
+            "test": f"curl -sS -X POST {shlex.quote(f'{base_url}/api/plugins/{name}/test-hook')} \\\n"
+                    + head + f"  -d {shlex.quote(test_body)}",
+        })
+    return out
+
+
 def hook_row(name: str, hook: str) -> dict | None:
     return next((r for r in hook_rows(name) if r["hook"] == hook), None)
 
@@ -174,6 +216,7 @@ def engine_hook_totals() -> list[dict]:
             a["histogram"][k] = a["histogram"].get(k, 0) + v
         if m.last_called_at and (a["last_called_at"] is None or m.last_called_at > a["last_called_at"]):
             a["last_called_at"] = m.last_called_at
+    installed = set(get_engine().catalog.names())  # metrics outlive uninstalled plugins: shown without a link
     rows = []
     for hook in ALL_HOOKS:
         a = agg.get(hook)
@@ -186,14 +229,17 @@ def engine_hook_totals() -> list[dict]:
             "error_rate": round(100 * a["failures"] / a["calls"], 1) if a["calls"] else None,
             "p50_ms": metric_selectors.percentile(a["histogram"], 0.5),
             "p95_ms": metric_selectors.percentile(a["histogram"], 0.95),
-            "plugins": sorted(a["plugins"]), "last_called_at": a["last_called_at"],
+            "plugins": [{"name": n, "installed": n in installed} for n in sorted(a["plugins"])],
+            "last_called_at": a["last_called_at"],
         })
     return rows
 
 
 def engine_state() -> dict:
     """The active configuration, the chain with each layer's state, and the installed plugins to choose from."""
-    return {"config": config_selectors.engine_config(), "chain": config_selectors.chain()["chain"],
+    chain = config_selectors.chain()["chain"]
+    return {"config": config_selectors.engine_config(), "chain": chain,
+            "serving": [layer["plugin"] for layer in chain if layer["serving"]],
             "installed": get_engine().catalog.names()}
 
 

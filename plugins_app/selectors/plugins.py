@@ -24,12 +24,29 @@ class PluginSummary:
     hooks_valid: bool
     path: str
     findings: list[dict] = field(default_factory=list)
+    # why no hook can run although the plugin may be enabled ("deno not installed"), None when it can run
+    cannot_run: str | None = None
+    # configured in the active plugin/plugin_stack (engine/config.py); serving = in it, enabled and able to run
+    in_chain: bool = False
+
+    @property
+    def serving(self) -> bool:
+        return self.in_chain and self.enabled and not self.cannot_run
+
+    @property
+    def state(self) -> str:
+        """One word for sorting and filtering: invalid, cannot_run, disabled, enabled."""
+        if not self.valid and self.cannot_run:
+            return "invalid"
+        if self.cannot_run:
+            return "cannot_run"
+        return "enabled" if self.enabled else "disabled"
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def summarize(entry: CatalogEntry, lang: str | None = None) -> PluginSummary:
+def summarize(entry: CatalogEntry, lang: str | None = None, chain: list[str] | None = None) -> PluginSummary:
     plugin = entry.plugin
     manifest = plugin.manifest if plugin else None
     hooks = {h: (manifest.hooks.script_for(h) if manifest else None) for h in ALL_HOOKS}
@@ -53,12 +70,19 @@ def summarize(entry: CatalogEntry, lang: str | None = None) -> PluginSummary:
         hooks_valid=hooks_valid and plugin is not None,
         path=str(entry.dir),
         findings=findings,
+        cannot_run=entry.cannot_run,
+        in_chain=entry.name in (chain if chain is not None else _configured_chain()),
     )
+
+
+def _configured_chain() -> list[str]:
+    return list(get_engine().config.get().context_engine.chain)
 
 
 def list_plugins(lang: str | None = None) -> list[PluginSummary]:
     catalog = get_engine().catalog
-    return [summarize(catalog.get(name), lang) for name in catalog.names()]
+    chain = _configured_chain()
+    return [summarize(catalog.get(name), lang, chain) for name in catalog.names()]
 
 
 def get_plugin(name: str, lang: str | None = None) -> PluginSummary | None:
@@ -71,5 +95,9 @@ def get_plugin(name: str, lang: str | None = None) -> PluginSummary | None:
 def active_chain() -> dict:
     engine = get_engine()
     cfg = engine.config.get()
-    return {"mode": cfg.context_engine.mode, "configured": cfg.context_engine.chain, "serving": engine.chain(cfg),
-            "config_error": cfg.error}
+    enabled = engine.chain(cfg)
+    blocked = {n: engine.catalog.get(n).cannot_run for n in enabled}
+    return {"mode": cfg.context_engine.mode, "configured": cfg.context_engine.chain,
+            "serving": [n for n in enabled if not blocked[n]],
+            "cannot_run": [{"plugin": n, "why": why} for n, why in blocked.items() if why],
+            "skipped": engine.skipped_layers(cfg), "config_error": cfg.error}

@@ -70,16 +70,39 @@ def _lang(request) -> str | None:
 @require_GET
 def plugin_list(request):
     filters = {"enabled": request.GET.get("enabled", ""), "errors": bool(request.GET.get("errors")),
-               "runtime": request.GET.get("runtime", "")}
+               "runtime": request.GET.get("runtime", ""), "q": request.GET.get("q", "").strip()[:200]}
     if filters["enabled"] not in ("", "yes", "no"):
         filters["enabled"] = ""
+    sort = request.GET.get("sort", "name")
+    sort = sort if sort in dashboard.SORT_KEYS else "name"
+    desc = request.GET.get("dir") == "desc"
     all_plugins = plugin_selectors.list_plugins(_lang(request))
-    rows = dashboard.plugin_rows(_lang(request), **filters)
+    rows = dashboard.plugin_rows(_lang(request), **filters, sort=sort, desc=desc)
     return render(request, "plugins_app/plugin_list.html", {
         "rows": rows, "total": len(all_plugins), "filters": filters, "hooks": ALL_HOOKS,
         "runtimes": sorted({p.runtime for p in all_plugins if p.runtime}),
-        "chain": plugin_selectors.active_chain(),
+        "chain": plugin_selectors.active_chain(), "sort": sort, "desc": desc,
+        "columns": _sort_columns(request, sort, desc),
     })
+
+
+def _sort_columns(request, sort: str, desc: bool) -> list[dict]:
+    """Table headers: a link that sorts by the column (again: reverses it), keeping the filters."""
+    labels = [("name", "Plugin", False), ("runtime", "Runtime", False), ("state", "State", False),
+              (None, "Hooks", False), ("calls", "Calls (1 h)", True), ("errors", "Errors", True),
+              ("p95", "p95", True)]
+    out = []
+    for key, label, numeric in labels:
+        if key is None:
+            out.append({"label": label, "numeric": numeric})
+            continue
+        params = request.GET.copy()
+        params["sort"] = key
+        active = key == sort
+        params["dir"] = "asc" if active and desc else ("desc" if active or numeric else "asc")
+        out.append({"key": key, "label": label, "numeric": numeric, "url": "?" + params.urlencode(),
+                    "aria_sort": ("descending" if desc else "ascending") if active else None})
+    return out
 
 
 def _pretty(value) -> str:
@@ -105,6 +128,7 @@ def plugin_detail(request, name: str):
         "findings": dashboard.plugin_findings(name), "manifest_facts": facts, "raw_manifest": dashboard.raw_manifest(plugin.path),
         "traces": dashboard.recent_traces(name), "audit": dashboard.audit(15, target=name),
         "stderr_backlog": events.tail(name)[-200:],
+        "snippets": dashboard.curl_snippets(request.build_absolute_uri("/").rstrip("/"), name, declared),
     })
 
 
@@ -131,6 +155,10 @@ def plugin_action(request, name: str, action: str):
         else:
             result = plugin_service.set_enabled(name, action == "enable", actor(request))
             message = result.get("message") or f"{name} {action}d."
+            before = plugin_selectors.get_plugin(name)
+            if action == "disable" and before is not None and before.in_chain:
+                message += (f". It is in the active context engine: agents now get the built-in default engine "
+                            f"(fallback_reason: plugin_disabled: {name} is disabled).")
             warnings = []
         ok, details = True, warnings
     except plugin_service.PluginError as exc:
@@ -180,7 +208,7 @@ async def plugin_test_hook(request, name: str):
     result = await hook_service.test_hook(name, hook, payload, timeout)
     waited_ms = round((time.monotonic() - started) * 1000, 1)
     return await arender(request, "plugins_app/partials/test_result.html", {
-        "result": result, "hook": hook, "waited_ms": waited_ms,
+        "result": result, "hook": hook, "waited_ms": waited_ms, "plugin_name": name,
         "reply_json": _pretty(result.get("reply")) if result.get("reply") is not None else None,
     })
 
@@ -203,7 +231,8 @@ def plugin_create(request):
         if form.is_valid():
             d = form.cleaned_data
             try:
-                plugin_service.scaffold_plugin(d["name"], d["description"], d["runtime"], d["hooks"], actor(request))
+                plugin_service.scaffold_plugin(d["name"], d["description"], d["runtime"], d["hooks"], actor(request),
+                                               author=d["author"])
             except plugin_service.PluginError as exc:
                 form.add_error("name" if exc.code in ("already_exists", "invalid_name") else None, exc.message)
             else:

@@ -213,12 +213,18 @@ def test_it_shows_every_runtime_on_the_doctor_page(client, home, owner):
 
 def test_it_lets_owners_create_and_revoke_tokens(client, home, owner):
     resp = client.post("/tokens/new/", {"name": "agent-1", "role": "agent"})
-    html = resp.content.decode()
-    assert resp.status_code == 200 and "will not be shown again" in html
+    assert resp.status_code == 302 and resp["Location"] == "/tokens/"  # post/redirect/get
+    html = client.get("/tokens/").content.decode()
+    assert "will not be shown again" in html
     token = ApiToken.objects.get(name="agent-1")
-    raw = html.split("data-token>")[1].split("</pre>")[0]
+    raw = html.split("data-token>")[1].split("</code>")[0]
     assert raw.startswith(token.prefix)
-    resp = client.post(f"/tokens/{token.pk}/revoke/")
+    assert 'data-copy="#new-token-value"' in html
+    # a refresh neither creates a second token nor shows the secret again
+    again = client.get("/tokens/").content.decode()
+    assert raw not in again and ApiToken.objects.filter(name="agent-1").count() == 1
+    assert 'data-confirm="Revoke the token “agent-1” (agent)?' in again
+    resp = client.post(f"/tokens/{token.pk}/revoke/", follow=True)
     assert resp.status_code == 200 and "is revoked" in resp.content.decode()
     token.refresh_from_db()
     assert token.revoked_at is not None
