@@ -45,6 +45,18 @@ def hooks_valid(plugin_dir: Path, scripts: dict[str, str]) -> bool:
     return True
 
 
+def add_sandbox_findings(add) -> None:
+    """`sandbox.degraded`: this OS refuses the hook namespaces (engine/sandbox.py), so every subprocess hook runs
+    without its private view of the filesystem and processes. Probed once per process."""
+    from engine.sandbox import degraded_reasons
+
+    reasons = degraded_reasons()
+    if reasons:
+        add(F.warning("sandbox.degraded", "hooks run without their own namespaces: " + "; ".join(reasons),
+                      "Run the service as root, or allow unprivileged user namespaces "
+                      "(user.max_user_namespaces > 0); see engine/COMPATIBILITY.md."))
+
+
 def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintReport:
     report = LintReport(plugin_dir.name)
 
@@ -102,6 +114,8 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintRepo
         # an error: every hook call would fail with launcher_not_found, so the plugin is enabled but cannot run
         add(F.error("runtime.unavailable", f"launcher {resolved.runtime.launcher!r} is not installed: no hook can "
                     f"run", resolved.runtime.install_hint))
+    if not (resolved.runtime.in_process and not resolved.custom_launcher):
+        add_sandbox_findings(add)
     for dep in m.plugin_depends:
         if installed is not None and dep not in installed:
             add(F.warning("depends.missing", f"plugin_depends: {dep!r} is not installed",
