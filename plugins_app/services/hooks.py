@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -11,6 +12,7 @@ from asgiref.sync import sync_to_async
 from engine import hooks as H
 from engine import protocol as P
 from plugins_app import bus
+from plugins_app.models import JobRecord
 from plugins_app.services.engine import get_engine
 
 log = logging.getLogger("librefang.hooks")
@@ -55,6 +57,8 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
         return 200, reply, {}
     if reply is not None:
         reason = f"engine_error: {reply['_engine_error']}"
+    elif reason.startswith((BUS_UNAVAILABLE, CAPACITY)):  # no worker will ever record this job: we do
+        await sync_to_async(_record_web_fallback, thread_sensitive=False)(hook, reason)
     fallback = await sync_to_async(engine.default, thread_sensitive=False)(hook, request, reason)
     body = fallback.to_dict()
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
@@ -75,6 +79,16 @@ async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, A
                           "details": {"cause": str(exc), "retry_after_secs": RETRY_AFTER_SECS}}}
         return 503, body, {"Retry-After": str(RETRY_AFTER_SECS)}
     return 202, {"accepted": True, "job_id": job_id, "hook": hook}, {}
+
+
+def _record_web_fallback(hook: str, reason: str) -> None:
+    """A JobRecord for a call the web tier answered itself (Redis unreachable, our own capacity), so such
+    fallbacks are counted with the others (by `fallback_reason` prefix)."""
+    try:
+        JobRecord.objects.create(job_id=f"web-{uuid.uuid4().hex}", hook=hook, state=JobRecord.State.FAILED,
+                                 source="default", fallback_reason=reason, worker="web")
+    except Exception:  # the database may be the thing that is down: the agent's answer matters more
+        log.warning("could not record a %s fallback", hook, exc_info=True)
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:

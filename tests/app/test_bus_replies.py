@@ -90,9 +90,13 @@ async def test_it_answers_503_with_retry_after_for_after_turn_it_could_not_store
     assert body["error"]["code"] == "bus_unavailable" and "not stored" in body["error"]["message"]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 async def test_it_falls_back_with_the_reason_when_redis_is_unreachable(prefix, settings, home):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     status, body, _ = await hook_service.call_hook("ingest", {"agent_id": "a", "message": "m", "peer_id": None})
     assert status == 200 and body["source"] == "default"
     assert body["fallback_reason"].startswith("bus_unavailable: Redis unreachable")
+    from plugins_app.models import JobRecord
+
+    record = await JobRecord.objects.aget(worker="web", hook="ingest")
+    assert record.fallback_reason == body["fallback_reason"] and record.source == "default"
