@@ -57,7 +57,10 @@ def _plan(name: str, hook: str | None) -> tuple[list[str], dict[str, float]]:
     return hooks, {h: settings.hook_timeout_secs * (2 if h == H.BOOTSTRAP else 1) for h in hooks}
 
 
-async def benchmark(name: str, hook: str | None, request: dict | None, runs: int, actor: str) -> dict:
+async def benchmark(name: str, hook: str | None, request: dict | None, runs: int, actor: str, run=None) -> dict:
+    """`run(plugin, hook, request, timeout)` runs one call (default: through a worker, as the test console does;
+    the CLI passes an in-process runner when no worker is alive)."""
+    run = run or hook_service.test_hook
     hooks, timeouts = await sync_to_async(_plan)(name, hook)
     results = []
     for h in hooks:
@@ -65,7 +68,7 @@ async def benchmark(name: str, hook: str | None, request: dict | None, runs: int
         elapsed, round_trips, errors = [], [], []
         for _ in range(runs):
             started = time.monotonic()
-            reply = await hook_service.test_hook(name, h, req, timeouts[h])
+            reply = await run(name, h, req, timeouts[h])
             round_trips.append((time.monotonic() - started) * 1000)
             if reply.get("ok"):
                 elapsed.append(float(reply.get("elapsed_ms") or 0.0))

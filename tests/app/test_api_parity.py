@@ -258,3 +258,89 @@ def test_it_reports_each_plugins_sandbox_policy(api, home):
     assert rows["closed"]["network"] == {"allowed": False}
     assert rows["closed"]["filesystem"]["allow_filesystem"] is False
     assert rows["closed"]["filesystem"]["data_dir"] == str(home.data_dir("closed"))
+
+
+# ---- content types: a JSON body is read as JSON whatever the header says (curl -d sends form-urlencoded) ----
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", ""])
+def test_it_reads_json_bodies_whatever_their_content_type(api, home, tmp_path, content_type):
+    src = make_plugin(tmp_path / "src", "ctp", {"ingest": PY_ECHO_INGEST})
+
+    def post(method, path, body):
+        return api(method, path, body, content_type=content_type)
+    r = post("POST", "/plugins/install", {"source": "local", "path": str(src)})
+    assert r.status_code == 201, r.content
+    (home.plugin_dir("ctp") / "hooks/ingest.py").write_text("# edited")
+    r = post("POST", "/plugins/ctp/update", {"force": False})  # read as JSON: force=false, so refused
+    assert r.status_code == 409 and code(r) == "locally_modified", r.content
+    r = post("POST", "/plugins/ctp/update", {"force": True})
+    assert r.status_code == 200 and r.json()["updated"], r.content
+    assert post("POST", "/plugins/batch", {"operation": "disable", "plugins": ["ctp"]}).json()["all_ok"]
+    r = post("PUT", "/plugins/ctp/env", {"env": {"A": "1"}})
+    assert r.status_code == 200 and r.json()["env"] == {"A": "1"}, r.content
+    r = post("PUT", "/plugins/ctp/advanced-config", {"max_retries": 2})
+    assert r.status_code == 200 and r.json()["max_retries"] == 2, r.content
+    r = post("POST", "/memories", {"agent_id": "a", "content": "c"})
+    assert r.status_code == 201, r.content
+    r = post("POST", "/plugins/uninstall", {"name": "ctp"})
+    assert r.status_code == 200 and r.json()["removed"], r.content
+    r = post("POST", "/plugins/ctp/update", {"force": True})
+    assert r.status_code == 404
+
+
+def test_it_refuses_a_body_that_is_not_json_whatever_the_header(api, home, client):
+    make_plugin(home.plugins_dir, "p", {"ingest": PY_ECHO_INGEST})
+    raw = create_token("o2", Role.OWNER)[1]
+    for path in ("/api/plugins/p/update", "/api/plugins/uninstall", "/api/plugins/batch"):
+        r = client.post(path, data="force=true", content_type="application/x-www-form-urlencoded",
+                        HTTP_AUTHORIZATION=f"Bearer {raw}")
+        assert r.status_code == 400 and code(r) in ("invalid_json", "bad_request"), (path, r.content)
+    assert not (home.plugin_dir("p") / ".disabled").exists()
+
+
+# ---- the CLI verbs (in-process call_command: same parsing and exit codes as `librefang plugin …`) ----
+
+@pytest.fixture
+def cli(home, monkeypatch):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            call_command("plugin", *args, stdout=out, stderr=err)
+            rc = 0
+        except CommandError as exc:
+            rc = exc.returncode
+            err.write(str(exc))
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        return rc, out.getvalue(), err.getvalue()
+    return run
+
+
+def test_the_cli_exports_shows_state_benchmarks_and_searches(cli, home, tmp_path):
+    reg = registry_with(tmp_path, {"clip": {"version": "2.0.0"}, "other": {}})
+    (home.root / "config.toml").write_text(f'[plugins]\nregistry = "{reg}"\n')
+    assert cli("install", "--registry", str(reg), "--name", "clip")[0] == 0
+    rc, out, _ = cli("registry-search", "cli", "--json")
+    assert rc == 0 and [p["name"] for p in json.loads(out)["results"]] == ["clip"]
+    target = tmp_path / "clip-export.tar.gz"
+    rc, out, _ = cli("export", "clip", "-o", str(target))
+    assert rc == 0 and str(target) in out
+    with tarfile.open(target, "r:gz") as tar:
+        assert "clip/librefang-lock.json" in tar.getnames()
+    home.data_dir("clip").mkdir(parents=True, exist_ok=True)
+    (home.data_dir("clip") / "notes.txt").write_text("12345")
+    rc, out, _ = cli("state", "clip")
+    assert rc == 0 and "notes.txt" in out and "           5  notes.txt" in out
+    rc, out, _ = cli("state", "clip", "--wipe")
+    assert rc == 0 and not (home.data_dir("clip") / "notes.txt").exists()
+    rc, out, _ = cli("update-check", "clip")
+    assert rc == 0 and "up to date" in out
+    rc, out, _ = cli("benchmark", "clip", "--runs", "3", "--json")
+    assert rc == 0, out
+    (only,) = json.loads(out)["hooks"]
+    assert only["hook"] == "ingest" and only["ok"] == 3 and only["latency_ms"]["p50"] > 0
+    assert cli("benchmark", "clip", "--runs", "99")[0] == 2
+    assert cli("export", "ghost")[0] == 3

@@ -1,5 +1,6 @@
 """`librefang plugin list|show|scaffold|reload|enable|disable|doctor|lint|install|uninstall|update|install-deps|
-test-hook|use` against the local installation ($LIBREFANG_HOME and the service database).
+test-hook|use|export|state|benchmark|registry-search|update-check` against the local installation ($LIBREFANG_HOME
+and the service database).
 
 Exit codes: 0 ok; 1 the check or hook failed (lint errors, doctor problems, failed test-hook); 2 invalid input;
 3 not found; 4 conflict (already exists, locally modified). Errors go to stderr. `--json` gives machine output.
@@ -75,6 +76,17 @@ class Command(BaseCommand):
         t.add_argument("hook", choices=H.ALL_HOOKS)
         t.add_argument("--input", help="request JSON, @file, or - for stdin (default: a sample request)")
         t.add_argument("--timeout", type=float, default=None)
+        e = add("export", "write the plugin and its lock entry as a .tar.gz")
+        e.add_argument("-o", "--output", help="file to write (default: ./<name>.tar.gz; - for stdout)")
+        st = add("state", "show the plugin's data directory")
+        st.add_argument("--wipe", action="store_true", help="empty it instead")
+        b = add("benchmark", "run each hook N times and print p50/p95")
+        b.add_argument("--hook", choices=H.ALL_HOOKS, help="only this hook")
+        b.add_argument("--runs", type=int, default=5, help="runs per hook (1-50, default 5)")
+        rs = add("registry-search", "search a registry's plugins", plugin=False)
+        rs.add_argument("query", nargs="?", default="")
+        rs.add_argument("--registry", help="registry (default: the first configured)")
+        add("update-check", "compare the installed plugin with its source (changes nothing)")
         use = sub.add_parser("use", help="make plugins the active context engine (none: the default engine)")
         use.add_argument("names", nargs="*")
         use.add_argument("--json", action="store_true")
@@ -233,6 +245,62 @@ class Command(BaseCommand):
         if not result.get("ok"):
             sys.exit(1)
 
+    def _export(self, name, output=None, **_):
+        data = plugin_service.export_plugin(name, actor=_actor())
+        if output == "-":
+            sys.stdout.buffer.write(data)
+            return
+        path = Path(output or f"{name}.tar.gz")
+        path.write_bytes(data)
+        self.out({"plugin": name, "path": str(path.resolve()), "bytes": len(data)},
+                 f"wrote {path} ({len(data)} bytes)")
+
+    def _state(self, name, wipe=False, **_):
+        from plugins_app.selectors.state import plugin_state
+
+        if wipe:
+            r = plugin_service.wipe_state(name, actor=_actor())
+            return self.out(r, f"wiped {r['path']}: {r['files_removed']} files, {r['bytes_freed']} bytes")
+        self._summary(name)
+        r = plugin_state(name)
+        lines = [f"{r['path']}: {r['file_count']} files, {r['size_bytes']} bytes"]
+        lines += [f"  {f['size_bytes']:>10}  {f['path']}" for f in r["files"]]
+        self.out(r, "\n".join(lines))
+
+    def _benchmark(self, name, hook=None, runs=5, **_):
+        from asgiref.sync import async_to_sync
+
+        from plugins_app.services import benchmark as benchmark_service
+
+        if not 1 <= runs <= benchmark_service.MAX_RUNS:
+            raise CommandError(f"--runs must be 1-{benchmark_service.MAX_RUNS}", returncode=2)
+        runner, via = _benchmark_runner()
+        r = async_to_sync(benchmark_service.benchmark)(name, hook, None, runs, _actor(), runner)
+        lines = [f"{name}: {runs} runs per hook, {via}", f"{'HOOK':<22} {'OK':>3} {'ERR':>4} {'P50 ms':>9} "
+                                                          f"{'P95 ms':>9} {'MAX ms':>9}"]
+        for h in r["hooks"]:
+            lat = h["latency_ms"]
+            lines.append(f"{h['hook']:<22} {h['ok']:>3} {h['errors']:>4} {_ms(lat['p50'])} {_ms(lat['p95'])} "
+                         f"{_ms(lat['max'])}")
+        self.out({**r, "via": via}, "\n".join(lines))
+        if any(h["errors"] for h in r["hooks"]):
+            sys.exit(1)
+
+    def _registry_search(self, query="", registry=None, **_):
+        from plugins_app.selectors import registries
+
+        r = registries.search(query, registry)
+        lines = [f"{r['registry']} ({r['total']} found{', signed index' if r['signed'] else ''})"]
+        for p in r["results"]:
+            lines.append(f"  {p['name']:<24} {p['version']:<10} {'installed' if p['installed'] else '':<10} "
+                         f"{p['description']}")
+        self.out(r, "\n".join(lines))
+
+    def _update_check(self, name, **_):
+        r = plugin_service.update_check(name)
+        self.out(r, f"{name}: installed {r['installed_version']}, source has {r['available_version']}: "
+                    + ("update available" if r["update_available"] else "up to date"))
+
     @staticmethod
     def _read_input(raw: str) -> dict:
         try:
@@ -243,6 +311,30 @@ class Command(BaseCommand):
         if not isinstance(data, dict):
             raise CommandError("--input must be a JSON object", returncode=2)
         return data
+
+
+def _ms(v) -> str:
+    return f"{v:>9.1f}" if v is not None else f"{'-':>9}"
+
+
+def _benchmark_runner():
+    """Through a worker when one is alive (as the API does), else each run in this process."""
+    from asgiref.sync import async_to_sync, sync_to_async
+
+    from plugins_app import bus
+    from plugins_app.services.engine import get_engine
+
+    try:
+        workers = async_to_sync(bus.live_workers)()
+    except Exception:
+        workers = []
+    if workers:
+        return None, f"via worker ({len(workers)} alive)"
+
+    def one(name, hook, request, timeout):
+        attempt = get_engine().test_hook(name, hook, request)
+        return {**attempt.result.to_dict(), "trace_id": attempt.trace_id}
+    return sync_to_async(one), "in-process (no live worker)"
 
 
 def _run_test_hook(name: str, hook: str, request: dict, timeout: float | None) -> tuple[dict, str]:
