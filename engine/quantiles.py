@@ -64,7 +64,7 @@ def count(sketch: Mapping[str, int] | None) -> int:
 def quantile(sketch: Mapping[str, int] | None, q: float) -> float | None:
     """The q-quantile (0 <= q <= 1) of the sketched values, None when empty.
 
-    Rank convention: the value at 0-based rank floor(q · (n - 1)) of the sorted samples.
+    Nearest rank: the ceil(q · n)-th smallest sample (1-based), so p99 of a handful of calls is their slowest.
     """
     if not sketch:
         return None
@@ -72,7 +72,7 @@ def quantile(sketch: Mapping[str, int] | None, q: float) -> float | None:
     total = sum(n for _, n in items)
     if not total:
         return None
-    rank = math.floor(min(max(q, 0.0), 1.0) * (total - 1))
+    rank = max(0, math.ceil(min(max(q, 0.0), 1.0) * total) - 1)  # 0-based
     seen = 0
     for value, n in items:
         seen += n

@@ -78,8 +78,13 @@ def ago(value) -> str:
     import datetime as dt
 
     now = dt.datetime.now(dt.UTC)
-    words = "just now" if abs((now - when).total_seconds()) < 5 else (
-        f"{timesince(when, now)} ago" if when <= now else f"in {timesince(now, when)}")
+    secs = (now - when).total_seconds()
+    if abs(secs) < 10:
+        words = "just now"
+    elif 0 < secs < 60:
+        words = f"{int(secs)} seconds ago"  # timesince would say "0 minutes"
+    else:
+        words = f"{timesince(when, now)} ago" if when <= now else f"in {timesince(now, when)}"
     return format_html('<time datetime="{}" title="{}">{}</time>', when.isoformat(),
                        when.strftime("%Y-%m-%d %H:%M:%S UTC"), words)
 

@@ -300,13 +300,20 @@
     });
   }
 
-  function axes(fmt) {
+  // Axis labels: shorter than the legend's figures ("150 ms", "2.5 s"), whole numbers for counts.
+  function axisMs(v) {
+    if (v === null) return "";
+    if (v === 0) return "0";
+    if (v >= 1000) return +(v / 1000).toFixed(2) + " s";
+    return +v.toFixed(v >= 10 ? 0 : 2) + " ms";
+  }
+  var COUNT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
+  function axes(fmt, incrs) {
     var fg = cssVar("--muted"), grid = cssVar("--grid");
-    return [
-      { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } },
-      { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, size: 60,
-        values: function (u, vals) { return vals.map(fmt); } },
-    ];
+    var y = { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, size: 64,
+              values: function (u, vals) { return vals.map(fmt); } };
+    if (incrs) y.incrs = incrs;
+    return [{ stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } }, y];
   }
 
   function drawChart(card) {
@@ -340,7 +347,7 @@
         { label: "p95", stroke: cssVar("--c-p95"), width: 1.5, value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
         { label: "p99", stroke: cssVar("--c-p99"), width: 1.5, dash: [5, 4], value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
       ],
-      axes: axes(function (v) { return v === null ? "" : fmtMs(v); }),
+      axes: axes(axisMs),
     }, latency, latEl);
     var p2 = new window.uPlot({
       width: w(callEl), height: h, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
@@ -350,7 +357,7 @@
         { label: "errors", stroke: cssVar("--c-errors"), fill: cssVar("--c-errors") + "99", paths: bars, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
         { label: "test console", stroke: cssVar("--c-console"), width: 1.5, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
       ],
-      axes: axes(function (v) { return v === null ? "" : fmtCount(v); }),
+      axes: axes(function (v) { return v === null ? "" : fmtCount(v); }, COUNT_INCRS),
     }, calls, callEl);
     st.plots = [p1, p2];
     if (!card._lfResize && window.ResizeObserver) {

@@ -212,10 +212,12 @@ def test_it_neither_loses_nor_repeats_lines_across_a_websocket_reconnect(logged_
 
 
 PAGES = [("plugins", "/"), ("create", "/create/"), ("install", "/install/"), ("plugin", "/plugins/shown/"),
-         ("engine", "/engine/"), ("doctor", "/doctor/"), ("tokens", "/tokens/")]
+         ("engine", "/engine/"), ("doctor", "/doctor/"), ("tokens", "/tokens/"), ("metrics", "/metrics/"),
+         ("metrics-hook", "/metrics/?plugin=shown&hook=ingest"), ("traces", "/traces/"), ("trace", None),
+         ("workers", "/workers/"), ("tools", "/tools/"), ("not-found", "/no/such/page/")]
 
 
-def test_it_screenshots_every_page_at_desktop_and_phone_widths(browser, live, screenshot_dir):
+def test_it_screenshots_every_page_at_desktop_and_phone_widths_in_both_color_schemes(browser, live, screenshot_dir):
     make_plugin(live.home / "plugins", "shown", {"ingest": CONSOLE_INGEST, "assemble": "print('{}')"},
                 top_extra='description = "A plugin that shows every panel"'.replace("description", "homepage"))
     make_plugin(live.home / "plugins", "broken-one", {"compact": "import sys; sys.exit(3)"})
@@ -223,23 +225,34 @@ def test_it_screenshots_every_page_at_desktop_and_phone_widths(browser, live, sc
     for i in range(4):
         live.hook("ingest", {"agent_id": "a1", "message": f"screenshot {i}", "peer_id": "u1"})
     live.hook("compact", {"agent_id": "a1", "messages": [{"role": "user", "content": "x"}]})
-    for label, width, height in (("1280", 1280, 900), ("390", 390, 844)):
-        context = browser.new_context(viewport={"width": width, "height": height})
-        page = context.new_page()
-        page.goto(live.url + "/login/")
-        page.screenshot(path=str(screenshot_dir / f"login-{label}.png"), full_page=True)
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", live.password)
-        page.click("button[type=submit]")
-        page.wait_for_url(live.url + "/")
-        for name, path in PAGES:
-            page.goto(live.url + path)
-            if name == "plugin":
-                page.get_by_role("button", name="Run hook").click()
-                expect(page.locator("[data-test-reply]")).to_contain_text("echo:", timeout=WAIT_MS)
-            if name == "engine":
-                expect(page.locator("#engine-health")).to_contain_text("Redis", timeout=WAIT_MS)
-            no_overflow = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
-            page.screenshot(path=str(screenshot_dir / f"{name}-{label}.png"), full_page=True)
-            assert no_overflow, f"{name} scrolls sideways at {width} px"
-        context.close()
+    _, listed = live.request("GET", "/api/context-engine/traces?plugin=shown&limit=1")
+    trace_path = f"/traces/{listed['traces'][0]['trace_id']}/"
+    for scheme in ("light", "dark"):
+        for label, width, height in (("1280", 1280, 900), ("390", 390, 844)):
+            context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
+            page = context.new_page()
+            suffix = f"{label}-{scheme}"
+            page.goto(live.url + "/login/")
+            page.screenshot(path=str(screenshot_dir / f"login-{suffix}.png"), full_page=True)
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", live.password)
+            page.click("button[type=submit]")
+            page.wait_for_url(live.url + "/")
+            for name, path in PAGES:
+                page.goto(live.url + (path or trace_path))
+                if name == "plugin":
+                    page.get_by_role("button", name="Run hook").click()
+                    expect(page.locator("[data-test-reply]")).to_contain_text("echo:", timeout=WAIT_MS)
+                if name == "engine":
+                    expect(page.locator("#engine-health")).to_contain_text("Redis", timeout=WAIT_MS)
+                if name.startswith("metrics") or name == "workers":
+                    page.wait_for_function("document.querySelector('[data-chart]').hasAttribute('data-to')",
+                                           timeout=WAIT_MS)
+                no_overflow = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+                page.screenshot(path=str(screenshot_dir / f"{name}-{suffix}.png"), full_page=True)
+                assert no_overflow, f"{name} scrolls sideways at {width} px ({scheme})"
+            if label == "390":
+                page.goto(live.url + "/")
+                page.get_by_role("button", name="Menu").click()
+                page.screenshot(path=str(screenshot_dir / f"menu-open-{suffix}.png"))
+            context.close()
