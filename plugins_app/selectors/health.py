@@ -64,7 +64,7 @@ def assess(*, redis_ok: bool, db_ok: bool, workers: list[dict], queue: dict, rea
     waiting = int(queue.get("lag") or 0)
     if workers and waiting and (read_age is None or read_age > STALLED_READ_SECS):
         problems.append(f"{waiting} job(s) waiting and no worker read the stream for "
-                        f"{'ever' if read_age is None else f'{read_age:g}s'}")
+                        f"{'ever' if read_age is None else f'{read_age:.0f}s'}")
     for child in (supervisor_doc or {}).get("children") or []:
         if child.get("role") == "worker" and child.get("state") != "running" and not supervisor_doc.get("stopping"):
             problems.append(f"supervisor: {child.get('slot', 'a worker')} is {child.get('state')}")
