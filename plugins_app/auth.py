@@ -41,8 +41,46 @@ def lookup(raw: str | None) -> ApiToken | None:
 def allows(token: ApiToken, required: str) -> bool:
     """Whether `token`'s role may do what needs `required`. Agent tokens are a separate lane: they can call hooks
     and nothing else, and only an agent, admin or owner token may call hooks."""
-    if required == Role.AGENT:
-        return token.role in (Role.AGENT, Role.ADMIN, Role.OWNER)
-    if token.role == Role.AGENT:
+    return role_may(token.role, required)
+
+
+# What each action needs, for API tokens and dashboard users alike: the dashboard's permission checks
+# (plugins_app/views/roles.py) and the API's (plugins_app/api/security.py) read this one table, keyed by the API's
+# operation id; dashboard-only actions have a key of their own. Changing plugin code, or letting it run, is the
+# owner's: reload re-reads the code from disk and enable lets it run again; admins may stop plugins and tools and
+# change the engine configuration.
+ACTION_ROLES: dict[str, str] = {
+    "plugins_list": Role.VIEWER,
+    "plugins_scaffold": Role.OWNER,
+    "plugins_install": Role.OWNER,
+    "plugins_update": Role.OWNER,
+    "plugins_install_deps": Role.OWNER,
+    "plugins_test_hook": Role.OWNER,
+    "plugins_reload": Role.OWNER,
+    "plugins_enable": Role.OWNER,
+    "plugins_disable": Role.ADMIN,
+    "plugins_uninstall": Role.ADMIN,
+    "engine_config_put": Role.ADMIN,
+    "tools_install": Role.OWNER,
+    "tools_package": Role.OWNER,
+    "tools_enable": Role.ADMIN,
+    "tools_disable": Role.ADMIN,
+    "tools_remove": Role.ADMIN,
+    "tokens_manage": Role.OWNER,  # dashboard only: API tokens are created with `librefang token create`
+}
+
+
+def required_role(action: str) -> str:
+    """The role an action needs; an action missing from the table needs the owner (fail closed)."""
+    return ACTION_ROLES.get(action, Role.OWNER)
+
+
+def role_may(role: str | None, required: str) -> bool:
+    """Whether a holder of `role` (a dashboard user's or a token's) may do what needs `required`; see allows()."""
+    if role is None:
         return False
-    return ROLE_RANK[Role(token.role)] >= ROLE_RANK[Role(required)]
+    if required == Role.AGENT:
+        return role in (Role.AGENT, Role.ADMIN, Role.OWNER)
+    if role == Role.AGENT:
+        return False
+    return ROLE_RANK[Role(role)] >= ROLE_RANK[Role(required)]

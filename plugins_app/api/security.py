@@ -5,7 +5,7 @@ from __future__ import annotations
 from ninja.security import HttpBearer
 
 from plugins_app.api.errors import ApiError
-from plugins_app.auth import allows, lookup
+from plugins_app.auth import allows, lookup, required_role
 from plugins_app.models import Role
 
 
@@ -28,6 +28,23 @@ OWNER = TokenAuth(Role.OWNER)
 ADMIN = TokenAuth(Role.ADMIN)
 VIEWER = TokenAuth(Role.VIEWER)
 AGENT = TokenAuth(Role.AGENT)
+
+
+def for_action(action: str) -> TokenAuth:
+    """The auth for a route, from the one action table (plugins_app.auth.ACTION_ROLES) the dashboard also reads."""
+    return {Role.OWNER: OWNER, Role.ADMIN: ADMIN, Role.VIEWER: VIEWER, Role.AGENT: AGENT}[Role(required_role(action))]
+
+
+def route_roles(api) -> dict[str, str]:
+    """operation id -> the role its token auth requires, for every route of `api` (to check it against the table)."""
+    roles = {}
+    for _prefix, router in api._routers:
+        for path_view in router.path_operations.values():
+            for op in path_view.operations:
+                required = next((getattr(cb, "required", None) for cb in op.auth_callbacks), None)
+                if required is not None and op.operation_id:
+                    roles[op.operation_id] = str(Role(required).value)
+    return roles
 
 
 def actor(request) -> str:

@@ -12,7 +12,7 @@ from ninja.security import HttpBearer
 
 from engine import wasm_tools as T
 from plugins_app.api.errors import ApiError, json_response, parse_body
-from plugins_app.api.security import ADMIN, OWNER, actor
+from plugins_app.api.security import actor, for_action
 from plugins_app.auth import allows, lookup
 from plugins_app.models import Role
 from plugins_app.schemas import ErrorEnvelope
@@ -61,8 +61,8 @@ def list_tools(request):
                           "policy_error": tool_selectors.policy_error()})
 
 
-@router.post("/install", auth=OWNER, response={201: dict, **ERRORS, 503: ErrorEnvelope, 504: ErrorEnvelope},
-             operation_id="tools_install")
+@router.post("/install", auth=for_action("tools_install"),
+             response={201: dict, **ERRORS, 503: ErrorEnvelope, 504: ErrorEnvelope}, operation_id="tools_install")
 async def install(request):
     """Install a tool package: the tar as the raw body (Content-Type application/x-tar), a multipart `package`, or
     JSON `{"url": "file://|http://|https://…", "sha256": "<sha of the tar>"}` (AgentZero's install --url).
@@ -90,7 +90,7 @@ async def install(request):
     return json_response(info, 201)
 
 
-@router.post("/package", auth=OWNER, response=ERRORS, operation_id="tools_package")
+@router.post("/package", auth=for_action("tools_package"), response=ERRORS, operation_id="tools_package")
 def package(request):
     """Multipart `manifest` (manifest.json) + `wasm` (the module) → the package tar with wasm_sha256 recomputed."""
     manifest, wasm = _upload(request, "manifest"), _upload(request, "wasm")
@@ -140,17 +140,20 @@ def _toggle(request, tool_id: str, enabled: bool):
         raise _tool_error(exc) from exc
 
 
-@router.post("/{tool_id}/enable", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_enable")
+@router.post("/{tool_id}/enable", auth=for_action("tools_enable"), response={200: dict, **ERRORS},
+             operation_id="tools_enable")
 def enable(request, tool_id: str):
     return _toggle(request, tool_id, True)
 
 
-@router.post("/{tool_id}/disable", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_disable")
+@router.post("/{tool_id}/disable", auth=for_action("tools_disable"), response={200: dict, **ERRORS},
+             operation_id="tools_disable")
 def disable(request, tool_id: str):
     return _toggle(request, tool_id, False)
 
 
-@router.delete("/{tool_id}", auth=ADMIN, response={200: dict, **ERRORS}, operation_id="tools_remove")
+@router.delete("/{tool_id}", auth=for_action("tools_remove"), response={200: dict, **ERRORS},
+               operation_id="tools_remove")
 def remove(request, tool_id: str, version: str | None = None):
     try:
         removed = tool_service.remove(tool_id, actor(request), version)

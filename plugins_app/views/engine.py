@@ -35,7 +35,7 @@ def engine_page(request):
 
 @login_required
 @require_POST
-@role_required("admin")
+@role_required("engine_config_put")
 def engine_config(request):
     form = EngineConfigForm(request.POST)
     outcome = None

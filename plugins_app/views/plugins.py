@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import time
 
@@ -24,42 +22,9 @@ from plugins_app.selectors.examples import example_request
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services.engine import get_engine
+from plugins_app.views.roles import actor, role_required  # noqa: F401 (views/engine.py, tokens.py)
 
 TEST_TIMEOUT_CAP_SECS = 120.0
-
-
-def actor(request) -> str:
-    return f"user:{request.user.get_username()}"
-
-
-def role_required(role: str):
-    """Dashboard users map to API roles: superusers and the "owner" group are owners (create, install, run
-    hooks), staff are admins (reload, enable/disable, engine config), everyone else reads."""
-
-    def decorate(view):
-        if asyncio.iscoroutinefunction(view):
-            @functools.wraps(view)
-            async def async_wrapper(request, *args, **kwargs):
-                user = await request.auser()
-                if not await sync_to_async(dashboard.user_may)(user, role):
-                    return await sync_to_async(_forbidden)(request, role)
-                return await view(request, *args, **kwargs)
-            return async_wrapper
-
-        @functools.wraps(view)
-        def wrapper(request, *args, **kwargs):
-            if not dashboard.user_may(request.user, role):
-                return _forbidden(request, role)
-            return view(request, *args, **kwargs)
-        return wrapper
-    return decorate
-
-
-def _forbidden(request, role: str):
-    if request.headers.get("HX-Request"):
-        return render(request, "plugins_app/partials/action_feedback.html", {
-            "ok": False, "action": "not allowed", "message": f"this needs the {role} role"}, status=403)
-    return render(request, "plugins_app/forbidden.html", {"role": role}, status=403)
 
 
 def _lang(request) -> str | None:
@@ -137,7 +102,7 @@ ACTIONS = ("reload", "enable", "disable", "uninstall")
 
 @login_required
 @require_POST
-@role_required("admin")
+@role_required("plugins_{action}")
 def plugin_action(request, name: str, action: str):
     if action not in ACTIONS:
         raise Http404("unknown action")
@@ -187,7 +152,7 @@ def _installed(name: str):
 
 
 @login_required
-@role_required("owner")
+@role_required("plugins_test_hook")
 async def plugin_test_hook(request, name: str):
     """Run one hook of this plugin through a worker with the console's JSON; show reply, stderr and timing."""
     if request.method != "POST":
@@ -223,7 +188,7 @@ def plugin_test_example(request, name: str):
 
 
 @login_required
-@role_required("owner")
+@role_required("plugins_scaffold")
 def plugin_create(request):
     runtimes = dashboard.runtime_choices()
     if request.method == "POST":
@@ -253,7 +218,7 @@ def plugin_check_name(request):
 
 
 @login_required
-@role_required("owner")
+@role_required("plugins_install")
 def plugin_install(request):
     result = error = None
     if request.method == "POST":

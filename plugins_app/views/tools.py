@@ -15,11 +15,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from engine import wasm_tools as T
-from plugins_app.selectors import dashboard
 from plugins_app.selectors import tools as tool_selectors
 from plugins_app.services import tools as tool_service
 from plugins_app.services.engine import home
-from plugins_app.views.plugins import actor, role_required
+from plugins_app.views.roles import actor, role_required, user_may
 
 
 def _page(request, status: int = 200, error: str | None = None):
@@ -27,8 +26,8 @@ def _page(request, status: int = 200, error: str | None = None):
     return render(request, "plugins_app/tools.html", {
         "tools": tools, "runnable": [t for t in tools if t["enabled"]],
         "policy": tool_selectors.policy_summary(), "policy_error": tool_selectors.policy_error(),
-        "tools_dir": str(home().tools_dir), "error": error, "may_own": dashboard.user_may(request.user, "owner"),
-        "may_admin": dashboard.user_may(request.user, "admin"),
+        "tools_dir": str(home().tools_dir), "error": error, "may_own": user_may(request.user, "tools_install"),
+        "may_admin": user_may(request.user, "tools_enable"),
     }, status=status)
 
 
@@ -40,7 +39,7 @@ def tools_page(request):
 
 @login_required
 @require_POST
-@role_required("owner")
+@role_required("tools_install")
 async def tool_install(request):
     """The package is unpacked by a worker (services.tools.install), never in this process."""
     upload = request.FILES.get("package")
@@ -58,7 +57,7 @@ async def tool_install(request):
 
 @login_required
 @require_POST
-@role_required("admin")
+@role_required("tools_{action}")
 def tool_action(request, tool_id: str, action: str):
     try:
         if action == "enable":

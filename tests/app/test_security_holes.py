@@ -185,3 +185,73 @@ def test_it_tightens_a_home_created_before_the_umask(tmp_path):
     _manage(env, "check")
     assert home.stat().st_mode & 0o777 == 0o700
     assert (home / "librefang.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+# ---- one role table for the API and the dashboard ----
+
+# Dashboard actions and the API operation each one mirrors.
+DASHBOARD_ACTIONS = [
+    ("/plugins/p1/reload/", "plugins_reload"),
+    ("/plugins/p1/enable/", "plugins_enable"),
+    ("/plugins/p1/disable/", "plugins_disable"),
+    ("/plugins/p1/test-hook/", "plugins_test_hook"),
+    ("/create/", "plugins_scaffold"),
+    ("/install/", "plugins_install"),
+    ("/engine/config/", "engine_config_put"),
+    ("/tools/install/", "tools_install"),
+    ("/tools/t1/disable/", "tools_disable"),
+    ("/plugins/p1/uninstall/", "plugins_uninstall"),  # last: an admin may, and it removes p1
+]
+
+
+def test_it_gives_every_api_route_in_the_table_the_role_the_table_says():
+    from plugins_app.api import api
+    from plugins_app.api.security import route_roles
+    from plugins_app.auth import ACTION_ROLES
+
+    routes = route_roles(api)
+    checked = {op: (routes[op], str(role)) for op, role in ACTION_ROLES.items() if op in routes}
+    assert {"plugins_reload", "plugins_enable", "plugins_disable", "tools_install"} <= set(checked)
+    assert {op: pair for op, pair in checked.items() if pair[0] != pair[1]} == {}
+    assert routes["plugins_reload"] == routes["plugins_enable"] == "owner"
+
+
+@pytest.mark.django_db
+def test_it_refuses_admins_on_the_dashboard_exactly_where_the_api_does(client, home):
+    from django.contrib.auth.models import User
+
+    from plugins_app.api import api
+    from plugins_app.api.security import route_roles
+    from plugins_app.services.tokens import create_token
+    from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+
+    make_plugin(home.plugins_dir, "p1", {"ingest": PY_ECHO_INGEST})
+    roles = route_roles(api)
+    client.force_login(User.objects.create_user("ops", "", "pw", is_staff=True))  # a dashboard admin
+    for url, op in DASHBOARD_ACTIONS:
+        status = client.post(url, {}).status_code
+        if roles[op] == "owner":
+            assert status == 403, (url, op)
+        else:
+            assert status != 403, (url, op, status)
+    assert not (home.plugins_dir / "p1").exists()  # uninstall is an admin's: it ran
+    _, admin_token = create_token("ops", "admin")
+    api_status = client.post("/api/plugins/p1/reload", HTTP_AUTHORIZATION=f"Bearer {admin_token}").status_code
+    assert api_status == 403
+
+
+@pytest.mark.django_db
+def test_it_lets_owners_reload_and_enable_from_the_dashboard(client, home):
+    from django.contrib.auth.models import User
+
+    from plugins_app.selectors import plugins as plugin_selectors
+    from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+
+    make_plugin(home.plugins_dir, "p1", {"ingest": PY_ECHO_INGEST})
+    client.force_login(User.objects.create_superuser("boss", "", "pw"))
+    assert client.post("/plugins/p1/disable/").status_code == 302
+    assert plugin_selectors.get_plugin("p1").enabled is False
+    resp = client.post("/plugins/p1/enable/")
+    assert resp.status_code == 302 and resp["Location"] == "/plugins/p1/"
+    assert plugin_selectors.get_plugin("p1").enabled is True
+    assert client.post("/plugins/p1/reload/").status_code == 302
