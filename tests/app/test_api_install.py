@@ -71,3 +71,99 @@ def test_it_refuses_a_name_mismatch_from_a_registry(tmp_path):
 def test_it_rejects_malformed_sources(data):
     with pytest.raises(InstallError):
         Source.parse(data)
+
+
+# ---- registry trust: an Ed25519-signed index.json (engine/registry.py) ----
+
+def _keypair():
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key, base64.b64encode(pub).decode()
+
+
+def _signed_registry(tmp_path, key, names=("good",), listed=("good",), files=None):
+    import base64
+    import json as _json
+
+    reg = tmp_path / "reg"
+    for n in names:
+        make_plugin(reg / "plugins", n, {"ingest": PY_ECHO_INGEST})
+    index = _json.dumps({"plugins": [{"name": n, "version": "0.1.0", **({"files": files} if files else {})}
+                                     for n in listed]}).encode()
+    (reg / "index.json").write_bytes(index)
+    if key is not None:
+        (reg / "index.json.sig").write_text(base64.b64encode(key.sign(index)).decode())
+    return reg
+
+
+def test_it_installs_from_a_registry_whose_signed_index_lists_the_plugin(tmp_path):
+    from engine.registry import RegistryConfig
+
+    key, pub = _keypair()
+    reg = _signed_registry(tmp_path, key)
+    home = Home(tmp_path / "home")
+    result = install(home, Source("registry", registry=str(reg), name="good"), None,
+                     [RegistryConfig(str(reg), "mine", pub)])
+    assert result["installed"] and Lockfile(home).entry("good")["provenance"]["index_signed"] is True
+
+
+@pytest.mark.parametrize("tamper,code", [
+    ("unsigned", "registry_unsigned"),
+    ("wrong_key", "registry_signature_invalid"),
+    ("edited_index", "registry_signature_invalid"),
+    ("garbage_sig", "registry_signature_invalid"),
+    ("not_listed", "registry_not_listed"),
+    ("file_hash", "registry_file_mismatch"),
+    ("no_index", "registry_unsigned"),
+])
+def test_it_refuses_an_index_that_is_unsigned_or_badly_signed_when_a_key_is_configured(tmp_path, tamper, code):
+    from engine.registry import RegistryConfig
+
+    key, pub = _keypair()
+    other_key, _ = _keypair()
+    reg = _signed_registry(
+        tmp_path, None if tamper == "unsigned" else other_key if tamper == "wrong_key" else key,
+        names=("good", "sneaky"), listed=("good",),
+        files={"hooks/ingest.py": "0" * 64} if tamper == "file_hash" else None)
+    if tamper == "edited_index":
+        (reg / "index.json").write_text('{"plugins": [{"name": "good"}, {"name": "sneaky"}]}')
+    if tamper == "garbage_sig":
+        (reg / "index.json.sig").write_text("not base64 at all!")
+    if tamper == "no_index":
+        (reg / "index.json").unlink()
+        (reg / "index.json.sig").unlink()
+    home = Home(tmp_path / "home")
+    with pytest.raises(InstallError) as exc:
+        install(home, Source("registry", registry=str(reg), name="sneaky" if tamper == "not_listed" else "good"),
+                None, [RegistryConfig(str(reg), "mine", pub)])
+    assert exc.value.code == code
+    assert not (home.plugins_dir.exists() and list(home.plugins_dir.iterdir()))
+    assert Lockfile(home).read()["plugins"] == {}
+
+
+def test_it_accepts_an_unsigned_index_only_when_the_operator_does_not_require_signatures(tmp_path):
+    from engine.registry import RegistryConfig
+
+    key, pub = _keypair()
+    reg = _signed_registry(tmp_path, None)
+    home = Home(tmp_path / "home")
+    install(home, Source("registry", registry=str(reg), name="good"), None,
+            [RegistryConfig(str(reg), "mine", pub, require_signature=False)])
+    assert Lockfile(home).entry("good")["provenance"]["index_signed"] is False
+    # a bad signature is refused even then
+    (reg / "index.json.sig").write_text("AAAA")
+    uninstall(home, "good")
+    with pytest.raises(InstallError) as exc:
+        install(home, Source("registry", registry=str(reg), name="good"), None,
+                [RegistryConfig(str(reg), "mine", pub, require_signature=False)])
+    assert exc.value.code == "registry_signature_invalid"
+    # signatures required but no key to check them with: refused, never silently trusted
+    with pytest.raises(InstallError) as exc:
+        install(home, Source("registry", registry=str(reg), name="good"), None,
+                [RegistryConfig(str(reg), "mine", None, require_signature=True)])
+    assert exc.value.code == "registry_key_missing"

@@ -344,3 +344,33 @@ def test_the_cli_exports_shows_state_benchmarks_and_searches(cli, home, tmp_path
     assert only["hook"] == "ingest" and only["ok"] == 3 and only["latency_ms"]["p50"] > 0
     assert cli("benchmark", "clip", "--runs", "99")[0] == 2
     assert cli("export", "ghost")[0] == 3
+
+
+# ---- registry trust through config.toml ----
+
+def test_a_registry_key_in_config_toml_guards_install_and_search(api, home, tmp_path):
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    pub = base64.b64encode(key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                         serialization.PublicFormat.Raw)).decode()
+    reg = registry_with(tmp_path, {"trusted": {}})
+    index = json.dumps([{"name": "trusted", "version": "0.1.0", "description": "signed one"}]).encode()
+    (reg / "index.json").write_bytes(index)
+    (home.root / "config.toml").write_text(
+        f'[plugins]\nplugin_registries = [{{name = "signed", path = "{reg}", public_key = "{pub}"}}]\n')
+    r = api("POST", "/plugins/install", {"source": "registry", "name": "trusted", "registry": str(reg)})
+    assert r.status_code == 400 and code(r) == "registry_unsigned", r.content
+    r = api("GET", "/plugins/registry/search?q=signed")
+    assert r.status_code == 400 and code(r) == "registry_unsigned"
+    reg_row = api("GET", "/plugins/registries").json()["registries"][0]
+    assert reg_row["error"]["code"] == "registry_unsigned" and reg_row["plugins"] == []
+    (reg / "index.json.sig").write_text(base64.b64encode(key.sign(index)).decode())
+    r = api("GET", "/plugins/registry/search?q=signed")
+    assert r.status_code == 200 and r.json()["signed"] and [p["name"] for p in r.json()["results"]] == ["trusted"]
+    r = api("POST", "/plugins/install", {"source": "registry", "name": "trusted", "registry": str(reg)})
+    assert r.status_code == 201, r.content
+    assert json.loads(home.lockfile.read_text())["plugins"]["trusted"]["provenance"]["index_signed"] is True
