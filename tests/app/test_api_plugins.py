@@ -1,5 +1,6 @@
 """Plugin and context-engine management routes: success shapes and validation errors (in-process client)."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -227,12 +228,30 @@ def test_it_installs_from_git_updates_and_uninstalls(api, home, tmp_path):
 
 def test_it_installs_from_a_local_registry_with_either_key(api, home, tmp_path):
     reg = tmp_path / "registry"
-    make_plugin(reg / "plugins", "regp", {"ingest": PY_ECHO_INGEST})
+    src = make_plugin(reg / "plugins", "regp", {"ingest": PY_ECHO_INGEST})
+    (src / "data").mkdir()
+    (src / "data/words.txt").write_text("kafka\n")
+    (src / "hooks/evil").symlink_to("/etc/passwd")
     r = api("POST", "/plugins/install", {"source": "registry", "name": "regp", "github_repo": str(reg)})
     assert r.status_code == 201, r.content
+    assert r.json()["skipped_symlinks"] == ["hooks/evil"] and r.json()["files"] == 3
+
+    def installed_as_in_the_registry(key):
+        target = home.plugin_dir("regp")
+        assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == [
+            "data/words.txt", "hooks/ingest.py", "plugin.toml"]
+        for rel in ("data/words.txt", "hooks/ingest.py", "plugin.toml"):
+            assert (target / rel).read_bytes() == (src / rel).read_bytes()
+        entry = json.loads(home.lockfile.read_text())["plugins"]["regp"]
+        assert entry["source"] == {"kind": "registry", "registry": str(reg), "name": "regp"}
+        assert entry["provenance"] == {"registry_path": str(reg.resolve())} and entry["version"] == "0.1.0"
+        assert entry["files"] == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest()
+                                  for rel in ("data/words.txt", "hooks/ingest.py", "plugin.toml")}, key
+    installed_as_in_the_registry("github_repo")
     api("POST", "/plugins/uninstall", {"name": "regp"})
     r = api("POST", "/plugins/install", {"source": "registry", "name": "regp", "registry": str(reg)})
     assert r.status_code == 201
+    installed_as_in_the_registry("registry")
     r = api("POST", "/plugins/install", {"source": "registry", "name": "absent", "registry": str(reg)})
     assert r.status_code == 404
     r = api("POST", "/plugins/install", {"source": "registry", "name": "regp"})
@@ -242,6 +261,8 @@ def test_it_installs_from_a_local_registry_with_either_key(api, home, tmp_path):
     home.config_path.write_text(f'[plugins]\nregistry = "{reg}"\n')
     r = api("POST", "/plugins/install", {"source": "registry", "name": "regp"})
     assert r.status_code == 201, r.content
+    assert (home.plugin_dir("regp") / "data/words.txt").read_text() == "kafka\n"
+    assert json.loads(home.lockfile.read_text())["plugins"]["regp"]["source"] == {"kind": "registry", "name": "regp"}
 
 
 def test_it_updates_untracked_plugins_with_409(api, home):

@@ -124,8 +124,10 @@ def test_it_rejects_unusable_manifests_with_a_stable_finding(text, finding):
 
 
 def test_it_accepts_a_min_version_at_or_below_ours():
-    parse(f'name = "p"\nlibrefang_min_version = "{COMPAT_VERSION}"\n')
-    parse('name = "p"\nlibrefang_min_version = "2026.4.0-beta1"\n')
+    for version in (COMPAT_VERSION, "2026.4.0-beta1"):
+        manifest, found = parse(f'name = "p"\nlibrefang_min_version = "{version}"\n')
+        assert manifest.librefang_min_version == version
+        assert ids(found) == [], (version, ids(found))  # no min_version finding, nor any other
 
 
 def test_it_warns_about_newer_protocols_and_bad_regexes():
