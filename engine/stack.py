@@ -23,11 +23,13 @@ from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
 from engine.invoke import Attempt, Judge, Overrides, invoke, retry_delay_ms
 from engine.ports import (
+    TEST_CONSOLE,
     InvocationSink,
     MemoryStore,
     NullInvocationSink,
     NullMemory,
     NullStderrSink,
+    OriginSink,
     StderrSink,
     Summarizer,
 )
@@ -630,8 +632,10 @@ class ContextEngine:
         req = normalise(hook, request, after_turn_max_chars=cfg.context_engine.after_turn_max_chars,
                         context_window_tokens=cfg.context_engine.context_window_tokens)
         entry = self.catalog.get(name)
-        return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                      agent_id=str(req.get("agent_id") or ""), retries=0, overrides=self.overrides_for(name),
+        # Recorded as test-console runs: kept out of the agents' Calls/Errors and percentiles.
+        return invoke(entry, hook, req, home=self.home, invocations=OriginSink(self.deps.invocations, TEST_CONSOLE),
+                      stderr=self.deps.stderr, agent_id=str(req.get("agent_id") or ""), retries=0,
+                      overrides=self.overrides_for(name),
                       allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars), judge=self.judge_for(hook, req, cfg))
 
 

@@ -13,6 +13,7 @@ from django.template import Context, Template
 from engine.ports import TEST_CONSOLE, Invocation
 from plugins_app.models import AuditEntry, JobRecord
 from plugins_app.services.recording import record_now
+from tests.app.recording_fixtures import _flush_recording, _release_writer_connection  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -192,3 +193,21 @@ def test_it_filters_and_pages_the_audit_log(rf):
     assert audit_log(rf.get("/tokens/", {"action": "plugin.reload", "since": "1h"}).GET)["count"] == 60
     filtered = audit_log(rf.get("/tokens/", {"action": "plugin.reload", "page": "2"}).GET)
     assert filtered["query_string"] == "action=plugin.reload"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_records_a_test_console_run_apart_from_agent_calls(home):
+    from plugins_app.models import HookMetric, HookTrace
+    from plugins_app.services.engine import get_engine, invocation_sink
+    from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
+
+    make_plugin(home.plugins_dir, "alpha", {"ingest": PY_ECHO_INGEST})
+    write_config(home.root, plugin="alpha")
+    engine = get_engine()
+    body = {"agent_id": "a1", "peer_id": "u1", "message": "hi"}
+    assert engine.test_hook("alpha", "ingest", body).result.ok
+    assert engine.handle("ingest", body).source == "alpha"
+    invocation_sink().flush()
+    m = HookMetric.objects.get(plugin="alpha", hook="ingest")
+    assert (m.calls, m.console_calls) == (1, 1)
+    assert sorted(HookTrace.objects.values_list("origin", flat=True)) == ["agent", TEST_CONSOLE]
