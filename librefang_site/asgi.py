@@ -1,5 +1,7 @@
 """ASGI entry point: HTTP goes to Django (static files included), websockets to the Channels router."""
 
+import asyncio
+import contextlib
 import os
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -13,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from plugins_app import bus  # noqa: E402
 from plugins_app.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -24,9 +27,33 @@ class BrowserOriginValidator(OriginValidator):
         return parsed_origin is None or super().valid_origin(parsed_origin)
 
 
+class AnswerHookCallsOnShutdown:
+    """On SIGTERM daphne cancels every request in flight, so an agent waiting on a hook would get an empty reply.
+    For the hook routes we keep the request running, tell the job bus to answer its waiting calls now (they fall
+    back to the default engine, `fallback_reason` "shutting_down: …") and give the answer DRAIN_SECS to go out."""
+
+    HOOK_PATH = "/api/context-engine/hooks/"
+    DRAIN_SECS = 3.0
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope.get("path", "").startswith(self.HOOK_PATH):
+            return await self.app(scope, receive, send)
+        task = asyncio.ensure_future(self.app(scope, receive, send))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            bus.drain("the web process is stopping")
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, self.DRAIN_SECS)
+            raise
+
+
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": AnswerHookCallsOnShutdown(ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                                             settings.ALLOWED_HOSTS),
     }

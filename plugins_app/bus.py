@@ -59,6 +59,10 @@ class BusCapacity(Exception):
     """Our own queue to Redis is full or too slow: nothing was stored."""
 
 
+class BusDraining(BusUnavailable):
+    """This web process is stopping: waiting calls are answered now instead of being cut off."""
+
+
 def _key(*parts: str) -> str:
     return ":".join((settings.LIBREFANG_REDIS_PREFIX, *parts))
 
@@ -236,6 +240,7 @@ class _Hub:
         self.waiters: dict[str, asyncio.Future] = {}
         self.delivered: list[str] = []  # reply lists to delete (their reply already came by the channel)
         self.subscribed = False
+        self.draining = ""
         self.last_error: str = ""
         self._tasks: list[asyncio.Task] = []
 
@@ -252,7 +257,15 @@ class _Hub:
 
     # -- writing --
 
+    def drain(self, reason: str) -> None:
+        self.draining = reason
+        for fut in self.waiters.values():
+            if not fut.done():
+                fut.set_exception(BusDraining(reason))
+
     async def xadd(self, fields: dict[str, str], timeout: float) -> str:
+        if self.draining:
+            raise BusDraining(self.draining)
         self.ensure_running()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         try:
@@ -375,6 +388,13 @@ def _hub() -> _Hub:
         hub._loop = loop  # type: ignore[attr-defined]
         _hubs[id(loop)] = hub
     return hub
+
+
+def drain(reason: str) -> None:
+    """Answer every call of this process that waits for a reply now (they fall back), and store no new job: the
+    web process is stopping (librefang_site/asgi.py calls this on SIGTERM)."""
+    for hub in list(_hubs.values()):
+        hub.drain(reason)
 
 
 async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "",

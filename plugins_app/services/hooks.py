@@ -25,6 +25,7 @@ RETRY_AFTER_SECS = 2
 # fallback_reason prefixes of our own making (not a plugin's failure)
 BUS_UNAVAILABLE = "bus_unavailable"
 CAPACITY = "capacity"
+SHUTTING_DOWN = "shutting_down"
 
 
 async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -37,6 +38,8 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
     try:
         reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline)
         reason = f"{P.DEADLINE_EXCEEDED}: no worker answered within {deadline:g}s"
+    except bus.BusDraining as exc:  # daphne is stopping: answer now rather than with an empty reply
+        reply, reason = None, f"{SHUTTING_DOWN}: {exc}"
     except bus.BusUnavailable as exc:  # the agent still gets an answer, and is told why it is the default one
         log.warning("bus unavailable for %s: %s", hook, exc)
         reply, reason = None, f"{BUS_UNAVAILABLE}: {exc}"

@@ -157,3 +157,33 @@ def test_it_answers_with_the_default_engine_when_the_worker_dies_mid_call(live):
     assert body["fallback_reason"].startswith("deadline_exceeded")
     assert outcome["elapsed"] < 3 + 1
     live.wait_healthy(1)
+
+
+def test_it_answers_waiting_calls_with_the_default_engine_when_daphne_is_stopped(tmp_path):
+    import os
+    import signal
+    import threading
+
+    from tests.e2e.live import running_service
+
+    with running_service(tmp_path) as service:
+        make_plugin(service.home / "plugins", "slowpoke", {"ingest": "import sys, time\nsys.stdin.read()\ntime.sleep(20)\n"},
+                    toml_extra="hook_timeout_secs = 15")
+        write_config(service.home, plugin="slowpoke")
+        outcome: dict = {}
+
+        def call():
+            outcome["reply"] = service.hook("ingest", {"agent_id": "a1", "message": "still there?", "peer_id": None})
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(1.5)  # the call waits on its (sleeping) hook
+        stopped_at = time.monotonic()
+        os.killpg(service.web.pid, signal.SIGTERM)
+        caller.join(30)
+        answered_in = time.monotonic() - stopped_at
+    status, body = outcome["reply"]
+    assert status == 200, body
+    assert body["source"] == "default" and body["type"] == "ingest_result"
+    assert body["fallback_reason"].startswith("shutting_down")
+    assert answered_in < 5
