@@ -27,6 +27,7 @@ rlimits, PDEATHSIG and their own process group, and every affected call is label
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -486,12 +487,10 @@ class Cgroups:
 
     def release(self, paths: tuple) -> None:
         for path in paths:
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
+            if not _rmdir_soon(path):
                 with self._lock:
+                    if not self._pending:
+                        atexit.register(self._retry_pending)  # last chance when the service exits
                     self._pending.append(path)
 
     def _retry_pending(self) -> None:
@@ -510,6 +509,7 @@ class Cgroups:
             with self._lock:
                 if self._bases is None:
                     self._bases = _find_cgroup_bases() if sys.platform.startswith("linux") else {}
+                    _remove_stale({base for _version, base in self._bases.values()})
         return self._bases
 
 
@@ -546,6 +546,49 @@ def _find_cgroup_bases() -> dict:
                 if controller in enabled:
                     bases[controller] = (2, directory)
     return {c: b for c, b in bases.items() if _can_create_under(b[1], Cgroups._FILES[c][b[0]])}
+
+
+def _rmdir_soon(path: str, within: float = 0.05) -> bool:
+    """Remove an empty cgroup; a namespace killed at timeout may take a few ms to empty it."""
+    import time
+
+    end = time.monotonic() + within
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.005)
+
+
+def _remove_stale(bases: set) -> None:
+    """Empty per-call cgroups left by a service process that died (SIGKILL) before removing them."""
+    for base in bases:
+        try:
+            names = [n for n in os.listdir(base) if n.startswith("librefang-hook-")]
+        except OSError:
+            continue
+        for name in names:
+            owner = name.split("-")[2]
+            if owner.isdigit() and not _alive(int(owner)):
+                try:
+                    os.rmdir(os.path.join(base, name))
+                except OSError:
+                    pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _can_create_under(base: str, limit_file: str) -> bool:

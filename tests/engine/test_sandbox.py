@@ -1,0 +1,400 @@
+"""The hook sandbox (engine/sandbox.py) through the real runner: hostile python and bash hooks, spawned and forked
+from the warm-start zygote. A hook reaches only its own directories, sees no service process, and leaves no process
+behind. Processes are found on the host by a unique marker in their command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import protocol as P
+from engine import runner, sandbox, warmstart
+from engine.lint import lint_plugin
+from engine.runner import HookCall, run_hook
+from engine.runtimes import resolve_tag
+
+pytestmark = pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests")
+
+SECRETS = ("api_token", "admin_password", "secret_key", "bus_key", "redis_password", "librefang.sqlite3",
+           "librefang.sqlite3-wal", "librefang.sqlite3-shm", "plugins/other/hooks/ingest.py",
+           "plugins/other/notes.txt", "plugin_data/other/state.json")
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    """A $LIBREFANG_HOME with the service's secrets, another plugin and its data, and our plugin `mine`."""
+    root = tmp_path / "lfhome"
+    for rel in SECRETS:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"TOP-SECRET {rel}")
+    (root / "plugins" / "mine" / "hooks").mkdir(parents=True)
+    (root / "plugins" / "mine" / "kept.txt").write_text("mine")
+    (root / "plugin_data" / "mine").mkdir(parents=True)
+    (root / "plugin_data" / "mine" / "state.json").write_text('{"n": 1}')
+    return root
+
+
+@pytest.fixture(params=["warm", "cold"])
+def mode(request, monkeypatch):
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
+    warmstart.shutdown()
+    yield request.param
+    warmstart.shutdown()
+
+
+def call(home: Path, source: str, runtime: str = "python", request=None, **kw) -> HookCall:
+    ext = {"python": "py", "bash": "sh"}[runtime]
+    pdir = home / "plugins" / "mine"
+    (pdir / "hooks" / f"hook.{ext}").write_text(textwrap.dedent(source).lstrip())
+    return HookCall(plugin_dir=pdir, script=f"hooks/hook.{ext}", runtime=resolve_tag(runtime),
+                    request=request if request is not None else {"home": str(home)},
+                    timeout_secs=kw.pop("timeout_secs", 20), data_dir=home / "plugin_data" / "mine", home_dir=home,
+                    **kw)
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live host processes whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if marker.encode() not in fh.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def gone(marker: str, within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while marked_pids(marker) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not marked_pids(marker)
+
+
+# ---- files: $LIBREFANG_HOME holds only the plugin's own directories -------------------------------------------
+
+READ_EVERYTHING = """
+import json, os, sys
+req = json.loads(sys.stdin.read())
+home = req["home"]
+out = {"read": {}, "listing": sorted(os.listdir(home))}
+for rel in req["secrets"]:
+    try:
+        out["read"][rel] = open(os.path.join(home, rel)).read()
+    except OSError as exc:
+        out["read"][rel] = type(exc).__name__
+out["kept"] = open("kept.txt").read()
+out["state"] = open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "state.json")).read()
+open("written-by-hook.txt", "w").write("x")
+open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "written.txt"), "w").write("y")
+try:
+    os.chdir(".."); os.chdir(".."); out["up"] = sorted(os.listdir("."))
+except OSError as exc:
+    out["up"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_a_python_hook_reads_nothing_in_home_but_its_own_dirs(home, mode):
+    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
+    assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
+    assert r.reply["kept"] == "mine" and r.reply["state"] == '{"n": 1}'
+    # its own directories are the real ones, writable (registry plugins keep state there)
+    assert (home / "plugins" / "mine" / "written-by-hook.txt").read_text() == "x"
+    assert (home / "plugin_data" / "mine" / "written.txt").read_text() == "y"
+    assert r.warnings == []
+
+
+def test_a_bash_hook_reads_nothing_in_home_but_its_own_dirs(home):
+    src = """
+    cat > /dev/null
+    home="$(dirname "$(dirname "$LIBREFANG_PLUGIN_DIR")")"
+    found=""
+    for f in api_token admin_password secret_key librefang.sqlite3 plugins/other/notes.txt plugin_data/other/state.json; do
+        if cat "$home/$f" 2>/dev/null; then found="$found $f"; fi
+    done
+    echo "{\\"found\\": \\"$found\\", \\"listing\\": \\"$(ls "$home" | tr '\\n' ' ')\\", \\"kept\\": \\"$(cat kept.txt)\\"}"
+    """
+    r = run_hook(call(home, src, runtime="bash"))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply == {"found": "", "listing": "plugin_data plugins ", "kept": "mine"}
+
+
+def test_allow_filesystem_false_keeps_home_hidden_and_only_the_data_dir_writable(home, mode):
+    src = """
+    import json, os, sys
+    req = json.loads(sys.stdin.read())
+    out = {}
+    for name, path in [("plugin_dir", "x.txt"), ("data", os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "x")),
+                       ("home", os.path.join(req["home"], "x"))]:
+        try:
+            open(path, "w").write("x")
+            out[name] = "written"
+        except OSError as exc:
+            out[name] = exc.strerror
+    out["secret"] = os.path.exists(os.path.join(req["home"], "api_token"))
+    print(json.dumps(out))
+    """
+    r = run_hook(call(home, src, allow_filesystem=False))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply == {"plugin_dir": "Read-only file system", "data": "written", "home": "Read-only file system",
+                       "secret": False}
+
+
+def test_a_linked_plugin_dir_is_bound_back_where_the_hook_expects_it(home, tmp_path, mode):
+    real = tmp_path / "dev-checkout"
+    shutil.move(home / "plugins" / "mine", real)
+    (home / "plugins" / "mine").symlink_to(real)
+    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply["kept"] == "mine" and set(r.reply["read"].values()) == {"FileNotFoundError"}
+
+
+# ---- processes: none of the service's are visible ------------------------------------------------------------
+
+LOOK_AROUND = """
+import json, os, sys
+req = json.loads(sys.stdin.read())
+out = {"pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), "canary": [], "service": {}}
+for pid in out["pids"]:
+    for name in ("environ", "cmdline"):
+        try:
+            if req["canary"] in open(f"/proc/{pid}/{name}").read():
+                out["canary"].append(f"{pid}/{name}")
+        except OSError:
+            pass
+for pid in req["service_pids"]:
+    try:
+        out["service"][str(pid)] = req["canary"] in open(f"/proc/{pid}/environ").read()
+    except OSError as exc:
+        out["service"][str(pid)] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_a_hook_sees_no_service_process_nor_its_environment(home, mode, monkeypatch):
+    canary = "canary-" + secrets.token_hex(8)
+    monkeypatch.setenv("LF_TEST_CANARY", canary)  # in the service's (this process's) environment
+    warmstart.shutdown()  # zygotes start from the current environment
+    service_pids = [os.getpid(), os.getppid()]
+    r = run_hook(call(home, LOOK_AROUND, request={"canary": canary, "service_pids": service_pids}))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply["canary"] == []
+    assert set(r.reply["pids"]) <= {1, 2, 3}  # init and the hook (python may have a helper)
+    assert all(seen is not True for seen in r.reply["service"].values())
+
+
+# ---- nothing outlives the call ---------------------------------------------------------------------------------
+
+def _sleeper(marker: str) -> str:
+    return f'[sys.executable, "-c", "import time; time.sleep(1000)", {marker!r}]'
+
+
+def test_a_double_forked_setsid_daemon_dies_when_the_hook_ends(home, mode):
+    marker = "daemon-" + secrets.token_hex(6)
+    src = f"""
+    import json, os, sys, time
+    sys.stdin.read()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.execv(sys.executable, {_sleeper(marker)})
+        os._exit(0)
+    os.wait()
+    time.sleep(0.3)
+    print(json.dumps({{"spawned": True}}))
+    """
+    r = run_hook(call(home, src))
+    assert r.ok and r.reply == {"spawned": True}, (r.failure, r.stderr)
+    assert gone(marker)
+
+
+def test_a_bash_setsid_background_job_dies_when_the_hook_ends(home):
+    stamp = str(secrets.randbelow(10**9)).rjust(9, "1")
+    src = f"""
+    cat > /dev/null
+    setsid sleep 1000.{stamp} </dev/null >/dev/null 2>&1 &
+    sleep 0.3
+    echo '{{"spawned": true}}'
+    """
+    r = run_hook(call(home, src, runtime="bash"))
+    assert r.ok and r.reply == {"spawned": True}, (r.failure, r.stderr)
+    assert gone(f"1000.{stamp}")
+
+
+def test_a_daemon_started_by_a_hook_that_times_out_dies_with_it(home, mode):
+    marker = "timeout-daemon-" + secrets.token_hex(6)
+    src = f"""
+    import os, subprocess, sys, time
+    sys.stdin.read()
+    subprocess.Popen({_sleeper(marker)}, start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print("started", file=sys.stderr, flush=True)
+    time.sleep(300)
+    """
+    started = time.monotonic()
+    r = run_hook(call(home, src, timeout_secs=2))
+    assert r.failure is not None and r.failure.kind == P.TIMEOUT
+    assert time.monotonic() - started < 15
+    assert "started" in r.stderr
+    assert gone(marker)
+
+
+def test_a_grandchild_holding_the_pipes_neither_delays_the_call_nor_survives_it(home, mode):
+    marker = "pipe-holder-" + secrets.token_hex(6)
+    src = f"""
+    import json, subprocess, sys
+    sys.stdin.read()
+    subprocess.Popen({_sleeper(marker)}, start_new_session=True)  # inherits stdout/stderr
+    print(json.dumps({{"done": True}}), flush=True)
+    """
+    started = time.monotonic()
+    r = run_hook(call(home, src, timeout_secs=30))
+    assert r.ok and r.reply == {"done": True}, (r.failure, r.stderr)
+    assert time.monotonic() - started < 10
+    assert gone(marker)
+
+
+def test_a_hook_keeps_its_exit_status_and_signals(home, mode):
+    r = run_hook(call(home, "import os, signal, sys\nsys.stdin.read()\nos.kill(os.getpid(), signal.SIGTERM)\n"))
+    assert r.failure.kind == P.SCRIPT_ERROR and r.failure.signal == 15
+    r = run_hook(call(home, "import sys\nsys.stdin.read()\nsys.exit(3)\n"))
+    assert r.failure.kind == P.SCRIPT_ERROR and r.failure.exit_code == 3
+
+
+# ---- limits ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif("pids" not in sandbox.cgroups.available() and sandbox.mode() != "userns",
+                    reason="no pids cgroup the service can create, and not in a user namespace")
+def test_max_processes_caps_what_a_hook_can_fork(home, mode):
+    src = """
+    import json, os, sys, time
+    sys.stdin.read()
+    started, error = 0, None
+    for _ in range(40):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            error = type(exc).__name__
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        started += 1
+    print(json.dumps({"started": started, "error": error}))
+    """
+    r = run_hook(call(home, src, max_processes=10))
+    assert r.ok, (r.failure, r.stderr)
+    assert r.reply["error"] == "BlockingIOError" and 5 <= r.reply["started"] < 10
+
+
+@pytest.mark.skipif("memory" not in sandbox.cgroups.available(), reason="no memory cgroup the service can create")
+def test_the_default_memory_limit_kills_a_hog_and_says_why(home, mode, monkeypatch):
+    monkeypatch.setattr(runner, "DEFAULT_MAX_MEMORY_MB", 96)
+    src = """
+    import sys
+    sys.stdin.read()
+    hog = bytearray(400 * 1024 * 1024)
+    for i in range(0, len(hog), 4096):
+        hog[i] = 1
+    print('{"survived": true}')
+    """
+    r = run_hook(call(home, src))
+    assert not r.ok and r.failure.kind == P.SCRIPT_ERROR
+    assert r.failure.message.startswith("memory limit exceeded (96 MB, the hook's cgroup)")
+
+
+def test_the_per_call_cgroups_are_removed_after_the_call(home, mode):
+    assert run_hook(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
+    for base in {os.path.dirname(os.path.join(d, "x")) for _v, d in (sandbox.cgroups._found() or {}).values()}:
+        assert not [n for n in os.listdir(base) if n.startswith(f"librefang-hook-{os.getpid()}-")]
+
+
+# ---- where the OS refuses namespaces: run, but say so everywhere ------------------------------------------------
+
+def test_without_namespaces_every_call_and_the_doctor_say_so(home, monkeypatch):
+    monkeypatch.setenv("LIBREFANG_SANDBOX_NAMESPACES", "0")
+    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+    sandbox.forget_probe()
+    try:
+        assert sandbox.degraded_reasons() and "LIBREFANG_SANDBOX_NAMESPACES=0" in sandbox.degraded_reasons()[0]
+        (home / "plugins" / "mine" / "plugin.toml").write_text(
+            'name = "mine"\nversion = "1"\n[hooks]\nruntime = "bash"\ningest = "hooks/hook.sh"\n')
+        r = run_hook(call(home, "cat >/dev/null\necho '{}'\n", runtime="bash"))
+        assert r.ok and len(r.warnings) == 1 and r.warnings[0].startswith("sandbox.degraded: namespaces disabled")
+        ids = [f.id for f in lint_plugin(home / "plugins" / "mine").findings]
+        assert "sandbox.degraded" in ids
+    finally:
+        monkeypatch.undo()
+        sandbox.forget_probe()
+    assert sandbox.degraded_reasons() == []
+    assert "sandbox.degraded" not in [f.id for f in lint_plugin(home / "plugins" / "mine").findings]
+
+
+# ---- not root: the same sandbox from an unprivileged user namespace --------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become another user")
+def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="lf-userns-"))  # pytest's tmp dirs are root-only
+    try:
+        lfhome = top / "home"
+        (lfhome / "plugins" / "p" / "hooks").mkdir(parents=True)
+        (lfhome / "api_token").write_text("TOP-SECRET")
+        (lfhome / "plugins" / "p" / "hooks" / "h.py").write_text(textwrap.dedent("""
+            import json, os, sys
+            req = json.loads(sys.stdin.read())
+            print(json.dumps({"listing": sorted(os.listdir(req["home"])), "uid": os.getuid(),
+                              "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}))
+        """))
+        driver = top / "driver.py"
+        driver.write_text(textwrap.dedent(f"""
+            import json, os, sys
+            sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+            from pathlib import Path
+            from engine import sandbox
+            from engine.runner import HookCall, run_hook
+            from engine.runtimes import resolve_tag
+            home = Path({str(lfhome)!r})
+            out = {{"mode": sandbox.mode()}}
+            for warm in ("1", "0"):
+                os.environ["LIBREFANG_WARM_START"] = warm
+                r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
+                                      {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p", home_dir=home))
+                out[warm] = r.reply if r.ok else str(r.failure) + r.stderr
+            print(json.dumps(out))
+        """))
+        subprocess.run(["chown", "-R", "65534:65534", str(top)], check=True)
+        os.chmod(top, 0o755)
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                               str(driver)], capture_output=True, text=True, timeout=120)
+        if "userns" not in proc.stdout and "user namespace" in proc.stdout + proc.stderr:
+            pytest.skip("this kernel refuses unprivileged user namespaces")
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["mode"] == "userns", proc.stderr
+        for warm in ("1", "0"):
+            assert out[warm] == {"listing": ["plugin_data", "plugins"], "uid": 65534, "pids": [1, 2]}, out
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
