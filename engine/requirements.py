@@ -23,6 +23,8 @@ from engine.runtimes import find_launcher
 OUTPUT_TAIL_CHARS = 64 * 1024
 DEFAULT_TIMEOUT_SECS = 300.0
 DEFAULT_REQUIREMENTS = "requirements.txt"
+# What install_requirements keeps in the plugin's data dir: installed code, not the plugin's state.
+VENV_DIRS = ("venv", "venv.new", "venv.old")
 
 
 def requirements_file(plugin_dir: Path) -> Path | None:
@@ -83,8 +85,8 @@ def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, st
         return False, "no python interpreter found (python3, python, py) to build the plugin's virtualenv"
     deadline = time.monotonic() + timeout
     data_dir.mkdir(parents=True, exist_ok=True)
-    final = data_dir / "venv"
-    staging = data_dir / "venv.new"
+    final = data_dir / VENV_DIRS[0]
+    staging = data_dir / VENV_DIRS[1]
     shutil.rmtree(staging, ignore_errors=True)
     log: list[str] = []
     steps: list[list[str]] = [[python, "-m", "venv", "--without-pip", str(staging)]]
@@ -106,7 +108,7 @@ def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, st
         if not ok:
             shutil.rmtree(staging, ignore_errors=True)
             return False, _tail(log)
-    backup = data_dir / "venv.old"
+    backup = data_dir / VENV_DIRS[2]
     shutil.rmtree(backup, ignore_errors=True)
     if final.exists():
         final.rename(backup)

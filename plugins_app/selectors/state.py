@@ -10,10 +10,26 @@ import re
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.utils import timezone
 
+from engine.catalog import LAST_GOOD_FILE
+from engine.requirements import VENV_DIRS
 from plugins_app.models import HookTrace
 from plugins_app.services.engine import get_engine, home
 
 MAX_FILES_LISTED = 500
+# Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
+# loaded (engine/catalog.py). State routes neither list nor wipe them.
+SERVICE_OWNED = frozenset(VENV_DIRS) | {LAST_GOOD_FILE}
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
 SECRET_WORDS = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL|PASSWD", re.IGNORECASE)
 
 
@@ -32,8 +48,12 @@ def plugin_state(name: str) -> dict:
     files, total, count = [], 0, 0
     if root.is_dir() and not root.is_symlink():
         for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+            top = dirpath == str(root)
+            dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
+                                 and not (top and d in SERVICE_OWNED))
             for f in sorted(filenames):
+                if top and f in SERVICE_OWNED:
+                    continue
                 full = os.path.join(dirpath, f)
                 try:
                     st = os.lstat(full)
@@ -47,8 +67,10 @@ def plugin_state(name: str) -> dict:
     agents_dir = root / "agents"
     agents = sorted(p.name for p in agents_dir.iterdir() if (p / "state.json").is_file()) \
         if agents_dir.is_dir() and not agents_dir.is_symlink() else []
+    venv = root / VENV_DIRS[0]
     return {"plugin": name, "path": str(root), "exists": root.is_dir(), "size_bytes": total, "file_count": count,
-            "files": files, "files_truncated": count > len(files), "agents_with_state": agents}
+            "files": files, "files_truncated": count > len(files), "agents_with_state": agents,
+            "venv": {"present": venv.is_dir(), "size_bytes": _tree_size(str(venv)) if venv.is_dir() else 0}}
 
 
 def _masked(key: str, value: str) -> str:

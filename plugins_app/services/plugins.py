@@ -363,12 +363,15 @@ def update_check(name: str) -> dict:
 
 def wipe_state(name: str, actor: str) -> dict:
     """Empty the plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>: per-agent state files, bootstrap
-    overrides, anything its hooks wrote there). The directory itself stays."""
+    overrides, anything its hooks wrote there). The directory itself stays, and so do what the service keeps there
+    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/state.py SERVICE_OWNED)."""
+    from plugins_app.selectors.state import SERVICE_OWNED
+
     _require_installed(name)
     root = home().data_dir(name)
     removed, freed = 0, 0
     if root.is_dir() and not root.is_symlink():
-        for child in list(root.iterdir()):
+        for child in [c for c in root.iterdir() if c.name not in SERVICE_OWNED]:
             for dirpath, _dirs, files in os.walk(child) if child.is_dir() and not child.is_symlink() else []:
                 for f in files:
                     try:

@@ -139,15 +139,19 @@ def test_it_shows_and_wipes_the_plugins_data_dir(api, home):
     (data / "agents/a1").mkdir(parents=True)
     (data / "agents/a1/state.json").write_text('{"n": 1}')
     (data / "cache.bin").write_bytes(b"x" * 1000)
+    (data / "venv/bin").mkdir(parents=True)  # install-deps' virtualenv: installed code, not state
+    (data / "venv/bin/python").write_bytes(b"y" * 50)
     r = api("GET", "/plugins/stateful/state", role=Role.VIEWER)
     assert r.status_code == 200
     body = r.json()
     assert body["size_bytes"] == 1008 and body["file_count"] == 2 and body["agents_with_state"] == ["a1"]
     assert sorted(f["path"] for f in body["files"]) == ["agents/a1/state.json", "cache.bin"]
+    assert body["venv"] == {"present": True, "size_bytes": 50}
     assert api("DELETE", "/plugins/stateful/state", role=Role.VIEWER).status_code == 403
     r = api("DELETE", "/plugins/stateful/state", role=Role.ADMIN)
     assert r.status_code == 200 and r.json()["files_removed"] == 2 and r.json()["bytes_freed"] == 1008
-    assert data.is_dir() and list(data.iterdir()) == []
+    assert data.is_dir() and [p.name for p in data.iterdir()] == ["venv"]
+    assert (data / "venv/bin/python").stat().st_size == 50
     assert api("GET", "/plugins/stateful/state").json()["file_count"] == 0
     assert AuditEntry.objects.filter(action="plugin.state_wipe", target="stateful").exists()
 
@@ -333,7 +337,7 @@ def test_the_cli_exports_shows_state_benchmarks_and_searches(cli, home, tmp_path
     home.data_dir("clip").mkdir(parents=True, exist_ok=True)
     (home.data_dir("clip") / "notes.txt").write_text("12345")
     rc, out, _ = cli("state", "clip")
-    assert rc == 0 and "notes.txt" in out and "           5  notes.txt" in out
+    assert rc == 0 and "1 files, 5 bytes" in out and "notes.txt" in out
     rc, out, _ = cli("state", "clip", "--wipe")
     assert rc == 0 and not (home.data_dir("clip") / "notes.txt").exists()
     rc, out, _ = cli("update-check", "clip")
