@@ -1,6 +1,7 @@
 """Settings, all driven by environment variables so `make run`, tests and CI share one file."""
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "daphne",
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "axes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
@@ -68,7 +70,26 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires: turns a refused login into the lockout page
 ]
+
+# ---- login throttling (django-axes) ----
+# Failed logins are counted per username + client address; at the limit that pair is refused for the cool-off,
+# even with the right password. The address is the TCP peer: X-Forwarded-For is read only when the peer is one of
+# LIBREFANG_TRUSTED_PROXIES (comma-separated addresses or networks), see plugins_app/views/login.py.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out username + address before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+LIBREFANG_TRUSTED_PROXIES = [p.strip() for p in os.environ.get("LIBREFANG_TRUSTED_PROXIES", "").split(",") if p.strip()]
+AXES_FAILURE_LIMIT = int(os.environ.get("LIBREFANG_LOGIN_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LIBREFANG_LOGIN_LOCKOUT_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "plugins_app.views.login.client_ip"
+AXES_LOCKOUT_CALLABLE = "plugins_app.views.login.locked_out"
+AXES_ENABLE_ADMIN = False
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "librefang_site.urls"
 ASGI_APPLICATION = "librefang_site.asgi.application"

@@ -255,3 +255,55 @@ def test_it_lets_owners_reload_and_enable_from_the_dashboard(client, home):
     assert resp.status_code == 302 and resp["Location"] == "/plugins/p1/"
     assert plugin_selectors.get_plugin("p1").enabled is True
     assert client.post("/plugins/p1/reload/").status_code == 302
+
+
+# ---- login throttling ----
+
+def _login(client, password: str, *, peer: str = "203.0.113.7", forwarded: str | None = None):
+    extra = {"REMOTE_ADDR": peer}
+    if forwarded is not None:
+        extra["HTTP_X_FORWARDED_FOR"] = forwarded
+    return client.post("/login/", {"username": "admin", "password": password}, **extra)
+
+
+@pytest.fixture
+def admin_user(db):
+    from django.contrib.auth.models import User
+
+    return User.objects.create_superuser("admin", "", "right-password")
+
+
+def test_it_locks_a_username_and_address_out_after_ten_failures(client, admin_user, settings):
+    assert settings.AXES_FAILURE_LIMIT == 10
+    for attempt in range(9):
+        resp = _login(client, f"wrong-{attempt}")
+        assert resp.status_code == 200 and "Wrong username or password" in resp.content.decode()
+    for _ in range(2):  # the 10th failure locks; the 11th is refused as locked
+        resp = _login(client, "still-wrong")
+        assert resp.status_code == 429
+    resp = _login(client, "right-password")
+    page = resp.content.decode()
+    assert resp.status_code == 429 and 'id="login-locked"' in page
+    assert "Too many failed logins" in page and "try again in 15 minutes" in page
+    assert "_auth_user_id" not in client.session
+    # without a trusted proxy, X-Forwarded-For is the client's own say: ignored, the peer is still locked
+    assert _login(client, "right-password", forwarded="198.51.100.99").status_code == 429
+    # another address is counted apart
+    resp = _login(client, "right-password", peer="203.0.113.8")
+    assert resp.status_code == 302 and client.session["_auth_user_id"] == str(admin_user.pk)
+
+
+def test_it_reads_x_forwarded_for_only_from_a_trusted_proxy(client, admin_user, settings):
+    from django.test import RequestFactory
+
+    from plugins_app.views.login import client_ip
+
+    settings.LIBREFANG_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    via_proxy = RequestFactory().get("/", REMOTE_ADDR="10.1.2.3", HTTP_X_FORWARDED_FOR="6.6.6.6, 198.51.100.1")
+    assert client_ip(via_proxy) == "198.51.100.1"  # the rightmost address the proxy did not add itself
+    direct = RequestFactory().get("/", REMOTE_ADDR="198.51.100.1", HTTP_X_FORWARDED_FOR="10.9.9.9")
+    assert client_ip(direct) == "198.51.100.1"
+    for _ in range(10):
+        _login(client, "wrong", peer="10.1.2.3", forwarded="198.51.100.1")
+    assert _login(client, "right-password", peer="10.1.2.3", forwarded="198.51.100.1").status_code == 429
+    assert _login(client, "right-password", peer="10.1.2.3", forwarded="198.51.100.2").status_code == 302
