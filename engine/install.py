@@ -347,8 +347,10 @@ def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, li
             load_plugin(staged, check_integrity=True)
         except ManifestError as exc:
             # the staging dir has no siblings: a dependency counts as present when it is installed in this home
-            errors = [f for f in exc.findings if f.severity == "error" and not (
-                f.id == "manifest.depends_missing" and _dependency_installed(home, f.message))]
+            missing = [d for d in manifest.plugin_depends
+                       if not (NAME_RE.match(d) and (home.plugin_dir(d) / "plugin.toml").is_file())]
+            errors = [f for f in exc.findings if f.severity == "error" and
+                      (f.id != "manifest.depends_missing" or any(repr(d) in f.message for d in missing))]
             if errors:
                 code = "integrity_failed" if any(f.id.startswith("integrity") for f in errors) else "invalid_manifest"
                 raise InstallError(code, "the plugin cannot be installed: " + "; ".join(f.message for f in errors),
@@ -357,11 +359,6 @@ def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, li
     except BaseException:
         shutil.rmtree(staging_root, ignore_errors=True)
         raise
-
-
-def _dependency_installed(home: Home, message: str) -> bool:
-    m = re.search(r"plugin_depends: '([A-Za-z0-9][A-Za-z0-9_-]*)'", message)
-    return bool(m) and (home.plugin_dir(m.group(1)) / "plugin.toml").is_file()
 
 
 def install(home: Home, source: Source, default_registry: str | None = None,

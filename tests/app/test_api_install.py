@@ -167,3 +167,13 @@ def test_it_accepts_an_unsigned_index_only_when_the_operator_does_not_require_si
         install(home, Source("registry", registry=str(reg), name="good"), None,
                 [RegistryConfig(str(reg), "mine", None, require_signature=True)])
     assert exc.value.code == "registry_key_missing"
+
+
+def test_it_installs_a_plugin_whose_dependencies_are_installed_and_refuses_it_otherwise(tmp_path):
+    home = Home(tmp_path / "home")
+    src = make_plugin(tmp_path / "src", "needy", {"ingest": PY_ECHO_INGEST}, top_extra='plugin_depends = ["base"]')
+    with pytest.raises(InstallError) as exc:
+        install(home, Source("local", path=str(src)))
+    assert exc.value.code == "invalid_manifest" and "'base' is not installed" in exc.value.message
+    install(home, Source("local", path=str(make_plugin(tmp_path / "src2", "base", {"ingest": PY_ECHO_INGEST}))))
+    assert install(home, Source("local", path=str(src)))["installed"]
