@@ -43,9 +43,11 @@ def metrics_page(request):
     """Charts for the whole context engine, or one plugin, or one hook of a plugin (chosen in the form)."""
     plugin, hook = request.GET.get("plugin") or "", request.GET.get("hook") or ""
     facets = trace_selectors.facets()
-    plugins = sorted(set(facets["plugins"]) | set(metric_selectors.metrics_by_plugin()["plugins"]))
+    by_plugin = metric_selectors.metrics_by_plugin()["plugins"]
+    plugins = sorted(set(facets["plugins"]) | set(by_plugin))
     return render(request, "plugins_app/metrics.html", {
         "plugin": plugin, "hook": hook, "plugins": plugins, "hooks": ALL_HOOKS,
+        "plugin_hooks": [h for h in ALL_HOOKS if h in by_plugin.get(plugin, {})] if plugin else [],
         "range": request.GET.get("range") or metric_selectors.DEFAULT_RANGE, "ranges": metric_selectors.RANGES,
     })
 

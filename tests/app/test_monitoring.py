@@ -67,6 +67,8 @@ def test_it_renders_the_metrics_page_with_a_chart_per_choice(client, viewer):
     assert "data-chart" in html and 'data-range-btn="7d"' in html and "Context engine, all plugins" in html
     html = client.get("/metrics/", {"plugin": "alpha", "hook": "ingest"}).content.decode()
     assert "alpha · ingest" in html and "plugin=alpha&amp;hook=ingest" in html
+    html = client.get("/metrics/", {"plugin": "alpha"}).content.decode()
+    assert "Plugin alpha, all hooks" in html and 'Hooks with calls' in html and "hook=ingest" in html
 
 
 def test_it_finds_traces_by_agent_text_outcome_and_kind_and_pages_them(client, viewer):

@@ -157,3 +157,22 @@ def test_it_keeps_the_phone_nav_on_one_row_with_a_menu_and_the_user_name(browser
     page.wait_for_url(live.url + "/traces/")
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     context.close()
+
+
+def test_it_counts_test_console_runs_apart_from_agent_calls(logged_in_page, live):
+    make_plugin(live.home / "plugins", "consoled", {"ingest": SLOWISH_INGEST})
+    page = logged_in_page
+    page.goto(live.url + "/plugins/consoled/")
+    page.get_by_role("button", name="Run hook").click()
+    expect(page.locator("[data-test-reply]")).to_contain_text("kept", timeout=WAIT_MS)
+    page.goto(live.url + "/metrics/?plugin=consoled&hook=ingest")
+    summary = page.locator("[data-chart-summary]")
+    expect(summary).to_contain_text("test console 1", timeout=WAIT_MS)
+    expect(summary).to_contain_text("calls 0")
+    _, metrics = live.request("GET", "/api/context-engine/metrics")
+    stats = metrics["plugins"]["consoled"]["ingest"]
+    assert stats["calls"] == 0 and stats["test_console"]["calls"] == 1
+    page.goto(live.url + "/traces/?plugin=consoled")
+    expect(page.locator("#trace-results")).to_contain_text("test console")
+    page.goto(live.url + "/")
+    expect(page.locator("#plugin-row-consoled [data-metric=calls]")).to_have_text("0")
