@@ -41,7 +41,7 @@
     function button(label, title, action) {
       var b = document.createElement("button");
       b.type = "button";
-      b.className = "btn btn-ghost";
+      b.className = "btn";
       b.textContent = label;
       b.title = title;
       b.setAttribute("aria-label", title);
