@@ -249,12 +249,57 @@ def _check_member(member: tarfile.TarInfo, seen: int, total: int, policy: W.Wasm
     return clean if clean and "/" not in clean else None  # only top-level files can be the manifest or module
 
 
+# GNU long names and pax headers: tarfile reads their data whole into memory before it hands out the member.
+EXTENDED_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                  tarfile.SOLARIS_XHDTYPE)
+MAX_EXTENDED_BYTES = 64 * 1024
+
+
+def _scan_headers(archive: Path, policy: W.WasmPolicy) -> None:
+    """A first pass over the raw 512-byte tar headers, before tarfile parses anything: the declared size of every
+    entry (extended headers included), the entry count and the running total, skipping data chunk by chunk. A
+    malformed or truncated archive ends the scan quietly: the extracting pass reports it as tarfile sees it."""
+    limit = unpacked_limit(policy)
+    headers = total = 0
+    with open(archive, "rb") as fh:
+        stream = _decompressed(fh)
+        try:
+            while len(block := stream.read(512)) == 512 and block != bytes(512):
+                try:
+                    size = tarfile.nti(block[124:136])
+                except tarfile.InvalidHeaderError:
+                    return
+                name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+                headers += 1
+                if headers > 3 * MAX_MEMBERS:  # each entry may come with a long-name and a pax header
+                    raise ToolError(f"package has more than {MAX_MEMBERS} entries", code="payload_too_large",
+                                    status=413)
+                if block[156:157] in EXTENDED_TYPES:
+                    if size > MAX_EXTENDED_BYTES:
+                        raise ToolError(f"package has a {size}-byte extended (long name or pax) header; at most "
+                                        f"{MAX_EXTENDED_BYTES} bytes are accepted", code="payload_too_large",
+                                        status=413)
+                elif size > policy.max_module_bytes:
+                    raise ToolError(f"package entry `{name}` declares {size} bytes, more than the module size "
+                                    f"policy ({policy.max_module_bytes} bytes)", code="payload_too_large", status=413)
+                total += size
+                if total > limit:
+                    raise ToolError(f"package expands to more than {limit} bytes (entry `{name}` declares {size})",
+                                    code="payload_too_large", status=413)
+                left = size + (-size % 512)
+                while left > 0 and (chunk := stream.read(min(left, COPY_CHUNK))):
+                    left -= len(chunk)
+        except (EOFError, OSError, *_CODEC_ERRORS):
+            return
+
+
 def unpack_package(archive: Path, dest: Path, policy: W.WasmPolicy) -> dict[str, str]:
     """Stream-extract a package's top-level files into `dest` (created, 0700) under the limits above; returns
     {name: sha256}. Refuses links, devices, `..` and absolute paths, and anything over the limits, before
     extracting the offending member. On error `dest` may hold partial files: the caller removes it."""
     if archive.stat().st_size > MAX_PACKAGE_BYTES:
         raise ToolError(f"package is larger than {MAX_PACKAGE_BYTES} bytes", status=413, code="payload_too_large")
+    _scan_headers(archive, policy)
     dest.mkdir(parents=True, mode=0o700)
     files: dict[str, str] = {}
     seen = total = 0

@@ -18,7 +18,7 @@ from engine import wasm_tools as T
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
 from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
-from tests.fixtures.packages import MB, gzip_bomb, many_entries
+from tests.fixtures.packages import MB, gzip_bomb, long_name_bomb, many_entries
 
 DEEP = 100_000
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +84,13 @@ def test_it_refuses_a_gzip_bomb_before_extracting_it(home, members, message):
     with pytest.raises(T.ToolError, match=message) as refused:
         T.install(home, bomb)  # …that would expand to 80-200 MB
     assert refused.value.status == 413 and refused.value.code == "payload_too_large"
+    assert _left_behind(home) == []
+
+
+def test_it_refuses_an_oversized_long_name_header_before_tarfile_reads_it(home):
+    with pytest.raises(T.ToolError, match="extended \\(long name or pax\\) header") as refused:
+        T.install(home, long_name_bomb(200 * MB))
+    assert refused.value.status == 413
     assert _left_behind(home) == []
 
 
