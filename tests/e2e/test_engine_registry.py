@@ -81,3 +81,38 @@ def test_it_runs_a_registry_shaped_plugin_unmodified_with_an_after_turn_to_inges
     # another agent shares nothing
     status, other = live.hook("ingest", {"agent_id": agent + "-other", "message": "kafka certificate"})
     assert other["memories"] == []
+
+
+def test_it_keeps_registry_state_under_the_real_home_inside_the_sandbox(live, tmp_path):
+    """Deployed as LibreFang is, ~/.librefang IS the service's home: the hook's state lands in its own plugin
+    directory (bound back into the sandbox at the same path), while the home's other files stay hidden."""
+    name = "todo-tracker-home"
+    user_home = tmp_path / "operator"
+    user_home.mkdir()
+    (user_home / ".librefang").symlink_to(live.home)
+    peek = ('token = os.path.join(os.path.expanduser("~"), ".librefang", "api_token")\n'
+            'print("api_token visible" if os.path.exists(token) else "api_token hidden", file=sys.stderr)\n')
+    hooks = {"after_turn": AFTER_TURN.replace("todo-tracker", name),
+             "ingest": INGEST.replace("todo-tracker", name).replace("req = json.load(sys.stdin)\n",
+                                                                     "req = json.load(sys.stdin)\n" + peek)}
+    make_plugin(live.home / "plugins", name, hooks, top_extra=f'[env]\nHOME = "{user_home}"')
+    write_config(live.home, plugin=name)
+    agent = f"agent-{time.monotonic_ns()}"
+    turn = [{"role": "user", "content": "TODO: rotate the backup key"}]
+    status, body = live.hook("after_turn", {"agent_id": agent, "messages": turn})
+    assert status == 202, body
+    state = live.home / "plugins" / name / f"{agent}.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not state.exists():
+        time.sleep(0.2)
+    assert json.loads(state.read_text()) == {"todos": ["rotate the backup key"]}
+    status, reply = live.hook("ingest", {"agent_id": agent, "message": "backup key?"})
+    assert status == 200 and reply["source"] == name, reply
+    assert {"content": "Open todos: rotate the backup key", "scope": "hook"} in reply["memories"]
+    deadline = time.monotonic() + 30
+    while True:  # traces are recorded in the background
+        status, trace = live.request("GET", f"/api/context-engine/traces/{reply['trace_ids'][0]}")
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status == 200 and "api_token hidden" in trace["stderr_tail"], trace
