@@ -378,3 +378,8 @@ def test_a_registry_key_in_config_toml_guards_install_and_search(api, home, tmp_
     r = api("POST", "/plugins/install", {"source": "registry", "name": "trusted", "registry": str(reg)})
     assert r.status_code == 201, r.content
     assert json.loads(home.lockfile.read_text())["plugins"]["trusted"]["provenance"]["index_signed"] is True
+
+
+def test_optional_bodies_are_read_as_json_whatever_their_content_type_too(api, home):
+    r = api("POST", "/context-engine/metrics/reset", {}, role=Role.ADMIN, content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 200 and r.json()["reset"] is True, r.content
