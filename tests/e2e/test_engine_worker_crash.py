@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 
 from tests.plugin_factory import make_plugin, write_config
 
@@ -25,25 +26,40 @@ def wait_until(cond, timeout):
     return cond()
 
 
-def test_it_kills_running_hooks_when_the_worker_is_sigkilled(live, tmp_path):
-    marks = tmp_path / "marks"
-    marks.mkdir()
+def pids_named(comm: str) -> list[int]:
+    """Host pids of processes whose name (/proc/<pid>/comm) is `comm`: a hook in its own PID namespace sees
+    another pid for itself, so it names itself instead."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as fh:
+                    if fh.read().strip() == comm:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_it_kills_running_hooks_when_the_worker_is_sigkilled(live):
+    name = f"lfhang{uuid.uuid4().hex[:8]}"
     src = f"""
-    import json, os, sys, time
+    import ctypes, json, os, sys, time
     sys.stdin.read()
-    marks = {str(marks)!r}
-    n = len(os.listdir(marks))
-    open(os.path.join(marks, f"run{{n}}-{{os.getpid()}}"), "w").close()
-    if n == 0:
-        time.sleep(300)  # the first run hangs until its worker dies
+    data = os.environ["LIBREFANG_PLUGIN_DATA_DIR"]
+    n = len([f for f in os.listdir(data) if f.startswith("run")])
+    open(os.path.join(data, f"run{{n}}"), "w").close()
+    if n == 0:  # the first run names itself and hangs until its worker dies
+        ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)  # PR_SET_NAME
+        time.sleep(300)
     print(json.dumps({{"type": "ok"}}))
     """
     make_plugin(live.home / "plugins", "hangs-once", {"after_turn": src}, toml_extra="hook_timeout_secs = 600")
     write_config(live.home, plugin="hangs-once")
     status, _ = live.hook("after_turn", {"agent_id": "crash", "messages": [{"role": "user", "content": "x"}]})
     assert status == 202
-    assert wait_until(lambda: len(os.listdir(marks)) >= 1, 60)
-    first_pid = int(sorted(os.listdir(marks))[0].split("-")[1])
+    assert wait_until(lambda: len(pids_named(name)) == 1, 60), "the hook never started"
+    (first_pid,) = pids_named(name)
     assert alive(first_pid)
     live.kill_worker()
     try:
