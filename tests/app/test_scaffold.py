@@ -201,3 +201,72 @@ def test_it_judges_a_test_console_run_as_an_agent_call_does(home):
     assert not console.ok and console.failure.kind == "invalid_output"
     assert agent.fallback_reason == f"empty-asm: {console.failure}"
     assert engine.judge(H.ASSEMBLE, request, console.reply) == (False, str(console.failure))
+
+
+# ---- what the engine tells agents and operators (issue 12) ----
+
+def test_it_serves_the_last_good_manifest_any_process_loaded_not_an_older_one_it_kept(home):
+    """Two catalogs stand for the web tier and a worker: after a failed edit both serve the newest good copy."""
+    from engine.catalog import Catalog
+
+    plan_files = plan("lg", "d", "python", [H.INGEST]).files
+    pdir = home.plugin_dir("lg")
+    for rel, data in plan_files.items():
+        (pdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pdir / rel).write_bytes(data)
+    web, worker = Catalog(home), Catalog(home)
+    assert worker.get("lg").plugin.manifest.hooks.hook_timeout_secs == 30  # the worker keeps version 1 in memory
+    manifest = pdir / "plugin.toml"
+    good = manifest.read_text()
+    manifest.write_text(good.replace("[hooks]\n", "[hooks]\nhook_timeout_secs = 3\n"))
+    assert web.validate("lg").manifest.hooks.hook_timeout_secs == 3  # the web tier reloads version 2
+    manifest.write_text(good.replace("[hooks]\n", "[hooks]\nhook_timeout_secs = \n"))  # then a broken edit
+    for catalog in (web, worker):
+        entry = catalog.get("lg")
+        assert entry.plugin.manifest.hooks.hook_timeout_secs == 3
+        assert "manifest.stale" in [f.id for f in entry.problems]
+
+
+@pytest.mark.django_db
+def test_it_names_a_disabled_plugin_in_the_fallback_reason(home):
+    scaffold_plugin("off", "d", "python", [H.ASSEMBLE], actor="test")
+    _serve(home, "off")
+    (home.plugin_dir("off") / ".disabled").touch()
+    reply = ContextEngine(EngineDeps(home=home)).handle(H.ASSEMBLE, example_request(H.ASSEMBLE))
+    assert reply.source == "default" and reply.fallback_reason == "plugin_disabled: off is disabled"
+
+
+@pytest.mark.django_db
+def test_it_does_not_log_a_fallback_when_a_later_stack_layer_answered(home, caplog):
+    scaffold_plugin("broken-a", "d", "python", [H.ASSEMBLE], actor="test")
+    scaffold_plugin("works-b", "d", "python", [H.ASSEMBLE], actor="test")
+    (home.plugin_dir("broken-a") / "hooks" / "assemble.py").write_text("raise SystemExit(3)\n")
+    home.config_path.write_text('[context_engine]\nplugin_stack = ["broken-a", "works-b"]\n')
+    with caplog.at_level("WARNING", logger="librefang.engine"):
+        reply = ContextEngine(EngineDeps(home=home)).handle(H.ASSEMBLE, example_request(H.ASSEMBLE))
+    assert reply.source == "works-b" and reply.fallback_reason.startswith("broken-a: ")
+    text = caplog.text
+    assert "fell back to the default engine" not in text and "answered by works-b" in text
+
+
+def test_it_refuses_unknown_runtimes_and_calls_a_missing_launcher_an_error(home):
+    from engine.lint import lint_plugin
+
+    pdir = home.plugin_dir("cob")
+    (pdir / "hooks").mkdir(parents=True)
+    (pdir / "hooks" / "ingest.cob").write_text("x")
+    (pdir / "plugin.toml").write_text('name = "cob"\n[hooks]\nruntime = "cobol"\ningest = "hooks/ingest.cob"\n')
+    report = lint_plugin(pdir)
+    assert [f.id for f in report.errors] == ["manifest.runtime_unknown"]
+    missing = next((t for t in ("deno", "bun", "go", "v") if not _installed(t)), None)
+    if missing is None:
+        pytest.skip("every runtime is installed")
+    scaffold_dir = home.plugin_dir("nolauncher")
+    for rel, data in plan("nolauncher", "d", missing, [H.INGEST], author="a").files.items():
+        (scaffold_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (scaffold_dir / rel).write_bytes(data)
+    report = lint_plugin(scaffold_dir)
+    assert "runtime.unavailable" in [f.id for f in report.errors]
+    from engine.catalog import Catalog
+
+    assert Catalog(home).get("nolauncher").cannot_run == f"{RUNTIMES[missing].launcher} not installed"

@@ -407,11 +407,12 @@ PAGES = [("plugins", "/"), ("create", "/create/"), ("engine", "/engine/"), ("doc
          ("tokens", "/tokens/")]
 
 
+@pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("width", [1280, 390])
-def test_it_renders_my_pages_without_horizontal_scroll(live, browser, width, screenshot_dir):
+def test_it_renders_my_pages_without_horizontal_scroll(live, browser, width, scheme, screenshot_dir):
     name = _unique("shot")
     _scaffold(live, name, "python", [H.INGEST, H.ASSEMBLE])
-    context = browser.new_context(viewport={"width": width, "height": 900})
+    context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
     page = context.new_page()
     try:
         page.goto(live.url + "/login/")
@@ -422,7 +423,7 @@ def test_it_renders_my_pages_without_horizontal_scroll(live, browser, width, scr
         for label, path in [*PAGES, ("detail", f"/plugins/{name}/")]:
             page.goto(live.url + path)
             page.wait_for_load_state("networkidle")
-            page.screenshot(path=str(screenshot_dir / f"truth-{label}-{width}.png"), full_page=True)
+            page.screenshot(path=str(screenshot_dir / f"truth-{label}-{width}-{scheme}.png"), full_page=True)
             overflow = page.evaluate("() => document.documentElement.scrollWidth")
             assert overflow <= width + 1, (path, overflow)
     finally:
