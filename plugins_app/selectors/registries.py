@@ -30,9 +30,15 @@ def _listing(cfg: R.RegistryConfig) -> R.Listing:
 
 
 def _config(registry: str | None) -> R.RegistryConfig:
+    """A configured registry, by location or name. Reads never fetch a location nobody configured: a viewer must
+    not be able to make the service clone arbitrary URLs (installing from any source is an owner's act)."""
     configs = registry_configs()
     if registry:
-        return R.config_for(registry, configs)
+        for cfg in configs:
+            if registry in (cfg.location, cfg.name):
+                return cfg
+        raise PluginError("unknown_registry", f"{registry!r} is not a configured registry ([plugins] registry or "
+                                              "plugin_registries in config.toml)", 400)
     if not configs:
         raise PluginError("no_registry", "no registry given and none configured ([plugins] registry or "
                                          "plugin_registries in config.toml)", 400)

@@ -168,6 +168,12 @@ def test_it_searches_a_registry_and_lists_configured_registries(api, home, tmp_p
     assert [x["name"] for x in body["results"]] == ["todo-tracker"] and body["results"][0]["installed"] is True
     assert body["results"][0]["hooks"] == ["ingest"] and body["source"] == "plugins/" and body["signed"] is False
     assert api("GET", "/plugins/registry/search?q=").json()["total"] == 3
+    assert api("GET", "/plugins/registry/search?q=&registry=local").json()["total"] == 3  # by name
+    other = registry_with(tmp_path / "elsewhere", {"x": {}})
+    r = api("GET", f"/plugins/registry/search?registry={other}")  # never fetched: not configured
+    assert r.status_code == 400 and code(r) == "unknown_registry"
+    r = api("GET", "/plugins/registry/search?registry=file:///etc")
+    assert r.status_code == 400 and code(r) == "unknown_registry"
     r = api("GET", "/plugins/registries", role=Role.VIEWER)
     (only,) = r.json()["registries"]
     assert only["name"] == "local" and sorted(p["name"] for p in only["plugins"]) == [
