@@ -276,6 +276,10 @@ class Command(BaseCommand):
             raise CommandError(f"--runs must be 1-{benchmark_service.MAX_RUNS}", returncode=2)
         runner, via = _benchmark_runner()
         r = async_to_sync(benchmark_service.benchmark)(name, hook, None, runs, _actor(), runner)
+        if runner is not None:  # in-process runs: their traces are written before the command exits
+            from plugins_app.services.engine import invocation_sink
+
+            invocation_sink().flush()
         lines = [f"{name}: {runs} runs per hook, {via}", f"{'HOOK':<22} {'OK':>3} {'ERR':>4} {'P50 ms':>9} "
                                                           f"{'P95 ms':>9} {'MAX ms':>9}"]
         for h in r["hooks"]:
