@@ -2,6 +2,10 @@
 
 
 
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
 from pydantic import Field
@@ -9,7 +13,9 @@ from pydantic import ValidationError as PydanticValidationError
 
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.errors import ApiError, json_response, parse_body
-from plugins_app.api.security import ADMIN, AGENT, VIEWER, actor
+from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
+from plugins_app.auth import allows, hash_token, lookup
+from plugins_app.models import Role
 from plugins_app.schemas import (
     HOOK_REQUEST_SCHEMAS,
     Accepted,
@@ -86,6 +92,44 @@ def inline_schema(schema: type[Schema]) -> dict:
     return resolve(doc)
 
 
+class CachedHookAuth(TokenAuth):
+    """The hook routes' bearer auth, without a thread hop or a query per call: agents call many times a second with
+    the same token, so a looked-up token is kept for TOKEN_CACHE_SECS (a revoked token or a changed role takes
+    effect within that time). Only a miss takes the hop to Django's sync thread for its query."""
+
+    TOKEN_CACHE_SECS = 5.0
+    CACHE_MAX = 1000
+    is_async = True  # django-ninja awaits __call__
+
+    def __init__(self, required: str):
+        super().__init__(required)
+        self._cache: dict[str, tuple[float, Any]] = {}
+
+    async def __call__(self, request: HttpRequest):  # type: ignore[override]
+        scheme, _, raw = (request.headers.get(self.header) or "").partition(" ")
+        if scheme.lower() != "bearer" or not raw:
+            return None
+        key = hash_token(raw.strip())
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            found = hit[1]
+        else:
+            found = await sync_to_async(lookup)(raw)
+            if found is None:
+                self._cache.pop(key, None)
+                return None
+            if len(self._cache) >= self.CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = (time.monotonic() + self.TOKEN_CACHE_SECS, found)
+        if not allows(found, self.required):
+            raise ApiError(403, "forbidden", f"this route needs the {self.required} role; the token has "
+                                             f"{found.role}")
+        return found
+
+
+HOOK_AUTH = CachedHookAuth(Role.AGENT)
+
+
 def _make_hook_route(hook: str):
     schema = HOOK_REQUEST_SCHEMAS[hook]
     fire_and_forget = hook in ("after_turn", "on_event")
@@ -109,7 +153,7 @@ def _make_hook_route(hook: str):
         "Answered 202 once the job is stored; processed at least once by a worker. 503 with Retry-After when the "
         "job bus is unreachable (nothing stored: send it again)." if fire_and_forget else
         "The final result after stack and fallback, with `source` and `fallback_reason`."))
-    router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=AGENT, response=responses,
+    router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=HOOK_AUTH, response=responses,
                              operation_id=f"hook_{hook}", openapi_extra={"requestBody": {
                                  "required": True,
                                  "content": {"application/json": {"schema": inline_schema(schema)}}}})
