@@ -52,8 +52,9 @@ def from_values(values: Iterable[float]) -> Sketch:
 
 def merge(into: Sketch, other: Mapping[str, int] | None) -> Sketch:
     """Add other's counts into `into` (in place) and return it."""
-    for k, n in (other or {}).items():
-        into[k] = int(into.get(k, 0)) + int(n)
+    get = into.get
+    for k, n in (other or {}).items():  # hot loop of long chart ranges: counts are ints already (JSON)
+        into[k] = get(k, 0) + n
     return into
 
 

@@ -13,12 +13,14 @@ import math
 from django.utils import timezone
 
 from engine import quantiles
-from plugins_app.models import HookMetric, HookMetricBucket
+from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour
 
 MAX_POINTS = 300
 # Chart steps in minutes: the smallest that keeps a range under MAX_POINTS points.
 STEPS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440)
 MAX_RANGE = dt.timedelta(days=31)
+# Matches plugins_app/services/recording.py MINUTE_RETENTION (selectors do not import services).
+MINUTE_ROWS_KEPT = dt.timedelta(days=8)
 
 
 def percentile(histogram: dict | None, q: float) -> float | None:
@@ -89,26 +91,31 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
     steps), plus the same figures over the whole range. Times are unix seconds (step starts)."""
     end = min(end, start + MAX_RANGE)
     step = step_minutes(start, end, max_points)
+    # Hourly rows when a step spans hours, or when the minute rows of that time are pruned already.
+    hourly = step >= 60 or start < timezone.now() - MINUTE_ROWS_KEPT
+    step = max(step, 60) if hourly else step
     step_s = step * 60
     first = int(start.timestamp()) // step_s * step_s
     n = max(1, math.ceil((end.timestamp() - first) / step_s))
     calls, errors, console = [0] * n, [0] * n, [0] * n
     sketches: list[dict] = [{} for _ in range(n)]
-    qs = HookMetricBucket.objects.filter(minute__gte=dt.datetime.fromtimestamp(first, dt.UTC), minute__lt=end)
+    model, field = (HookMetricHour, "hour") if hourly else (HookMetricBucket, "minute")
+    qs = model.objects.filter(**{f"{field}__gte": dt.datetime.fromtimestamp(first, dt.UTC), f"{field}__lt": end})
     if plugin:
         qs = qs.filter(plugin=plugin)
     if hook:
         qs = qs.filter(hook=hook)
-    total_sketch: dict = {}
-    for minute, c, f, cc, hist in qs.values_list("minute", "calls", "failures", "console_calls", "histogram"):
-        i = (int(minute.timestamp()) - first) // step_s
+    for at, c, f, cc, hist in qs.values_list(field, "calls", "failures", "console_calls", "histogram"):
+        i = (int(at.timestamp()) - first) // step_s
         if not 0 <= i < n:
             continue
         calls[i] += c
         errors[i] += f
         console[i] += cc
         quantiles.merge(sketches[i], hist)
-        quantiles.merge(total_sketch, hist)
+    total_sketch: dict = {}
+    for sk in sketches:
+        quantiles.merge(total_sketch, sk)
 
     def qs_of(q: float) -> list[float | None]:
         return [percentile(s, q) for s in sketches]

@@ -18,12 +18,15 @@ from django.utils import timezone
 from engine import quantiles
 from engine.ports import AGENT, Invocation
 from plugins_app import events
-from plugins_app.models import HookMetric, HookMetricBucket, HookTrace
+from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
 
 log = logging.getLogger("librefang.recording")
 MAX_TRACES = 10_000
 PRUNE_EVERY = 256
 BATCH_LINGER_SECS = 0.05
+# Per-minute rows serve ranges up to a week; hourly rows (60× fewer) serve long ranges and outlive them.
+MINUTE_RETENTION = dt.timedelta(days=8)
+HOUR_RETENTION = dt.timedelta(days=92)
 
 
 def record_now(items: list[Invocation]) -> None:
@@ -47,14 +50,18 @@ def record_now(items: list[Invocation]) -> None:
         # One locked read-modify-write per (plugin, hook) and per (plugin, hook, minute) for the whole batch.
         by_hook: dict[tuple[str, str], list[Invocation]] = {}
         by_minute: dict[tuple[str, str, dt.datetime], list[Invocation]] = {}
+        by_hour: dict[tuple[str, str, dt.datetime], list[Invocation]] = {}
         for i in items:
             by_hook.setdefault((i.plugin, i.hook), []).append(i)
             minute = dt.datetime.fromtimestamp(i.started_at - i.started_at % 60, dt.UTC)
             by_minute.setdefault((i.plugin, i.hook, minute), []).append(i)
+            by_hour.setdefault((i.plugin, i.hook, minute.replace(minute=0)), []).append(i)
         for key in sorted(by_hook):
             _bump_total(by_hook[key], now)
-        for key in sorted(by_minute):
-            _bump_bucket(by_minute[key], key[2])
+        for (plugin, hook, minute), group in sorted(by_minute.items()):
+            _bump_period(HookMetricBucket, group, plugin=plugin, hook=hook, minute=minute)
+        for (plugin, hook, hour), group in sorted(by_hour.items()):
+            _bump_period(HookMetricHour, group, plugin=plugin, hook=hook, hour=hour)
 
 
 def _split(items: list[Invocation]) -> tuple[list[Invocation], list[Invocation]]:
@@ -62,7 +69,7 @@ def _split(items: list[Invocation]) -> tuple[list[Invocation], list[Invocation]]
     return agent, [i for i in items if (i.origin or AGENT) != AGENT]
 
 
-def _add_calls(row: HookMetric | HookMetricBucket, items: list[Invocation]) -> None:
+def _add_calls(row: HookMetric | HookMetricBucket | HookMetricHour, items: list[Invocation]) -> None:
     agent, console = _split(items)
     row.calls += len(agent)
     row.failures += sum(1 for i in agent if not i.ok)
@@ -90,21 +97,20 @@ def _bump_total(items: list[Invocation], now: dt.datetime) -> None:
     metric.save()
 
 
-def _bump_bucket(items: list[Invocation], minute: dt.datetime) -> None:
-    """Add calls of one plugin/hook that started in one minute to that minute's bucket."""
-    first = items[0]
-    bucket, _ = HookMetricBucket.objects.select_for_update().get_or_create(
-        plugin=first.plugin, hook=first.hook, minute=minute)
-    _add_calls(bucket, items)
-    bucket.save()
+def _bump_period(model: type[HookMetricBucket] | type[HookMetricHour], items: list[Invocation], **key) -> None:
+    """Add calls of one plugin/hook that started in one minute (or hour) to that period's row."""
+    row, _ = model.objects.select_for_update().get_or_create(**key)
+    _add_calls(row, items)
+    row.save()
 
 
 def prune_traces(keep: int = MAX_TRACES) -> None:
     cutoff = HookTrace.objects.order_by("-started_at").values_list("started_at", flat=True)[keep:keep + 1]
     if cutoff:
         HookTrace.objects.filter(started_at__lte=cutoff[0]).delete()
-    old = timezone.now() - dt.timedelta(days=7)
-    HookMetricBucket.objects.filter(minute__lt=old).delete()
+    now = timezone.now()
+    HookMetricBucket.objects.filter(minute__lt=now - MINUTE_RETENTION).delete()
+    HookMetricHour.objects.filter(hour__lt=now - HOUR_RETENTION).delete()
 
 
 class DbInvocationSink:

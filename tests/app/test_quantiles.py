@@ -12,7 +12,7 @@ from django.db import close_old_connections, connection
 
 from engine import quantiles
 from engine.ports import TEST_CONSOLE, Invocation
-from plugins_app.models import HookMetric, HookMetricBucket, HookTrace
+from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
 from plugins_app.selectors import metrics as metric_selectors
 from plugins_app.selectors import metrics_export
 from plugins_app.services.recording import record_now
@@ -157,3 +157,42 @@ def test_it_loses_no_count_when_workers_record_at_the_same_time():
     assert m.calls == expected and quantiles.count(m.histogram) == expected
     b = HookMetricBucket.objects.get(plugin="p", hook="ingest")
     assert b.calls == expected and quantiles.count(b.histogram) == expected
+    h = HookMetricHour.objects.get(plugin="p", hook="ingest")
+    assert h.calls == expected and quantiles.count(h.histogram) == expected
+
+
+@pytest.mark.django_db
+def test_it_reads_long_ranges_from_hourly_rows_with_the_same_accuracy():
+    rng = random.Random(3)
+    now = time.time()
+    batch = [invocation(rng.lognormvariate(4 + (h % 5) * 0.3, 0.9), now - h * 3600 - rng.uniform(0, 3500))
+             for h in range(60) for _ in range(rng.randint(5, 40))]
+    record_now(batch)
+    start = dt.datetime.fromtimestamp(now - 7 * 86400, dt.UTC)
+    end = dt.datetime.fromtimestamp(now + 1, dt.UTC)
+    data = metric_selectors.series(start, end)
+    assert data["step_s"] >= 3600 and len(data["t"]) <= metric_selectors.MAX_POINTS
+    assert data["summary"]["calls"] == len(batch) == sum(HookMetricHour.objects.values_list("calls", flat=True))
+    raw = [i.elapsed_ms for i in batch]
+    for q, key in zip(QS, ("p50_ms", "p95_ms", "p99_ms"), strict=True):
+        assert relative_error(data["summary"][key], true_quantile(raw, q)) <= 0.02, key
+    # The hourly rows hold what the minute rows hold.
+    day = metric_selectors.series(dt.datetime.fromtimestamp(now - 86400, dt.UTC), end)
+    assert day["step_s"] < 3600
+    in_day = [i.elapsed_ms for i in batch if i.started_at >= day["t"][0]]
+    assert day["summary"]["calls"] == len(in_day)
+
+
+@pytest.mark.django_db
+def test_it_rolls_existing_minute_rows_up_into_hours_when_migrating():
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("plugins_app.migrations.0004_hourly_metrics")
+    now = time.time()
+    record_now([invocation(10, now - 120), invocation(20, now - 60), invocation(30, now - 7200)])
+    HookMetricHour.objects.all().delete()
+    migration.roll_up_minutes(apps, None)
+    assert sum(HookMetricHour.objects.values_list("calls", flat=True)) == 3
+    assert sum(quantiles.count(h) for h in HookMetricHour.objects.values_list("histogram", flat=True)) == 3
