@@ -18,6 +18,9 @@ import pytest
 
 from engine import protocol as P
 from engine import runner, sandbox, warmstart
+from engine.catalog import Catalog
+from engine.home import Home
+from engine.invoke import invoke
 from engine.lint import lint_plugin
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
@@ -345,6 +348,11 @@ def test_without_namespaces_every_call_and_the_doctor_say_so(home, monkeypatch):
         assert r.ok and len(r.warnings) == 1 and r.warnings[0].startswith("sandbox.degraded: namespaces disabled")
         ids = [f.id for f in lint_plugin(home / "plugins" / "mine").findings]
         assert "sandbox.degraded" in ids
+        recorded = []  # and the trace the worker records carries it
+        attempt = invoke(Catalog(Home(home)).get("mine"), "ingest", {"agent_id": "a", "message": "m"},
+                         home=Home(home), invocations=type("Sink", (), {"record": lambda _s, i: recorded.append(i)})(),
+                         stderr=type("Lines", (), {"line": lambda *_a: None})())
+        assert attempt.ok and recorded[0].annotations["warnings"][0].startswith("sandbox.degraded: ")
     finally:
         monkeypatch.undo()
         sandbox.forget_probe()
