@@ -193,6 +193,7 @@ def test_it_says_enabled_but_cannot_run_and_makes_an_unknown_runtime_an_error(li
         state = page.inner_text(f"#plugin-row-{blocked} td[data-label=State]")
         assert f"enabled, cannot run ({RUNTIMES[missing].launcher} not installed)" in state
         assert "serving" not in state
+        assert f"{blocked} cannot run" in page.inner_text("#engine-summary")
         page.goto(f"{live.url}/?q={cobol}")
         assert "invalid" in page.inner_text(f"#plugin-row-{cobol} td[data-label=State]")
         page.goto(f"{live.url}/engine/")
