@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -150,10 +151,34 @@ def _listen() -> tuple[str, str]:
     return host.strip("[]") or "127.0.0.1", port
 
 
-def daphne_argv() -> list[str]:
-    host, port = _listen()
-    return [sys.executable, "-m", "daphne", "-b", host, "-p", port, "--proxy-headers",
-            "librefang_site.asgi:application"]
+def daphne_argv(listener: socket.socket | None = None) -> list[str]:
+    """daphne on LIBREFANG_LISTEN, or on an already listening socket it inherits."""
+    if listener is None:
+        host, port = _listen()
+        where = ["-b", host, "-p", port]
+    else:
+        where = ["--fd", str(listener.fileno())]
+    return [sys.executable, "-m", "daphne", *where, "--proxy-headers", "librefang_site.asgi:application"]
+
+
+def listen_socket(host: str, port: str) -> socket.socket | None:
+    """The supervisor holds the listening socket and hands it to each daphne it starts: while daphne restarts,
+    new connections wait in the backlog instead of being refused, and a busy port is reported before anything
+    starts. IPv4 only (daphne's `--fd` adopts AF_INET sockets); for an IPv6 address daphne binds it itself."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    if family != socket.AF_INET:
+        return None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        sys.exit(f"cannot listen on {host}:{port} (LIBREFANG_LISTEN): {exc.strerror}")
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
 
 
 def web() -> int:
@@ -185,10 +210,12 @@ def start() -> int:
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
         worker_argv = [sys.executable, "-m", "librefang_site.cli", "worker"]
-        slots = [Slot("web", 0, daphne_argv())] + [Slot("worker", i + 1, worker_argv) for i in range(workers)]
+        listener = listen_socket(host, port)
+        slots = [Slot("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
+        slots += [Slot("worker", i + 1, worker_argv) for i in range(workers)]
         print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n",
               flush=True)
-        return Supervisor(slots, env=env, home=home).run()
+        return Supervisor(slots, env=env, home=home, listener=listener).run()
     finally:
         if redis_proc is not None:
             redis_proc.terminate()  # Redis writes its AOF and exits

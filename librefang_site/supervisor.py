@@ -1,7 +1,8 @@
 """The process supervisor behind `librefang start`: one daphne and N workers, each restarted when it exits.
 
 A child that exits is restarted after a capped exponential backoff (0.5 s doubling to 30 s, back to 0.5 s once a
-child stayed up 60 s), whatever its role: a dead worker never stops the web tier. Only SIGINT/SIGTERM stop
+child stayed up 60 s), whatever its role: a dead worker never stops the web tier, and while daphne itself restarts
+new connections wait in the backlog of the listening socket the supervisor holds for it. Only SIGINT/SIGTERM stop
 everything: SIGTERM to daphne first (it stops accepting and answers what it holds), then to the workers (they
 finish the jobs in flight), SIGKILL for whatever is still there after a bound, and finally every process left in
 a child's process group. A second SIGINT/SIGTERM skips the waiting.
@@ -60,6 +61,7 @@ class Slot:
     role: str  # "web" | "worker"
     index: int
     argv: list[str]
+    pass_fds: tuple[int, ...] = ()  # the listening socket, for daphne
     proc: subprocess.Popen | None = None
     started_at: float | None = None  # wall clock, for people
     started_mono: float = 0.0
@@ -87,8 +89,9 @@ class Slot:
 
 
 class Supervisor:
-    def __init__(self, slots: list[Slot], *, env: dict[str, str], home: Path, log=None):
+    def __init__(self, slots: list[Slot], *, env: dict[str, str], home: Path, listener=None, log=None):
         self.slots = slots
+        self.listener = listener  # our copy of daphne's listening socket (closed when stopping)
         self.env = env
         self.status_file = status_path(home)
         self.started_at = time.time()
@@ -129,7 +132,8 @@ class Supervisor:
             self._write_status()
 
     def _spawn(self, slot: Slot) -> None:
-        slot.proc = subprocess.Popen(slot.argv, env=self.env, process_group=0, preexec_fn=die_with_parent)
+        slot.proc = subprocess.Popen(slot.argv, env=self.env, process_group=0, preexec_fn=die_with_parent,
+                                     pass_fds=slot.pass_fds)
         slot.started_at, slot.started_mono = time.time(), time.monotonic()
         slot.restart_due = slot.next_restart_at = None
         again = f", restart #{slot.restarts}" if slot.restarts else ""
@@ -165,6 +169,8 @@ class Supervisor:
             slot.restart_due = slot.next_restart_at = None
         web = [s for s in self.slots if s.role == "web"]
         workers = [s for s in self.slots if s.role != "web"]
+        if self.listener is not None:
+            self.listener.close()  # daphne's own copy closes when it stops accepting
         self._terminate(web)
         self._wait(web, started + WEB_STOP_SECS)
         self._terminate(workers)
