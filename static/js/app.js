@@ -414,10 +414,15 @@
     });
   }
   // Live: relative ranges slide forward (a custom range is fixed, nothing to refresh).
+  // Longer ranges move slowly and cost more to read: refresh them less often.
+  var REFRESH_EVERY = { "15m": 1, "1h": 1, "24h": 4, "7d": 20 };
+  var ticks = 0;
   setInterval(function () {
+    ticks += 1;
     if (document.visibilityState !== "visible") return;
     document.querySelectorAll("[data-chart]").forEach(function (card) {
-      if (chartState(card).range !== "custom") loadChart(card);
+      var every = REFRESH_EVERY[chartState(card).range];
+      if (every && ticks % every === 0) loadChart(card);
     });
   }, REFRESH_MS);
 
