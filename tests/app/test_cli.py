@@ -255,3 +255,63 @@ def test_it_ships_systemd_units_that_restart_like_the_supervisor():
         problems = [line for line in done.stderr.splitlines()
                     if "RestartSteps" not in line and "RestartMaxDelaySec" not in line]  # keys of systemd >= 254
         assert done.returncode == 0 and problems == [], done.stderr
+
+
+SUPERVISE = """
+import sys
+from pathlib import Path
+from librefang_site.supervisor import Slot, Supervisor
+home, grandchild_file = Path(sys.argv[1]), sys.argv[2]
+# "web" leaves a grandchild in its process group and exits on SIGTERM; "worker" always exits with code 3
+web = [sys.executable, "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+       f"open({grandchild_file!r}, 'w').write(str(p.pid)); time.sleep(300)"]
+worker = [sys.executable, "-c", "import sys; sys.exit(3)"]
+sys.exit(Supervisor([Slot("web", 0, web), Slot("worker", 1, worker)], env={}, home=home).run())
+"""
+
+
+def test_it_restarts_with_backoff_reports_status_and_stops_its_whole_process_groups(tmp_path):
+    import signal
+    import stat
+
+    from plugins_app.selectors.supervisor import supervisor_status
+
+    home, grandchild_file = tmp_path / "home", tmp_path / "grandchild.pid"
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(home), str(grandchild_file)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        worker = None
+        while time.monotonic() < deadline:
+            doc = supervisor_status(home)
+            worker = doc and next(c for c in doc["children"] if c["role"] == "worker")
+            if worker and worker["restarts"] >= 3 and grandchild_file.exists():
+                break
+            time.sleep(0.1)
+        assert doc["pid"] == proc.pid and worker["restarts"] >= 3, doc
+        assert worker["last_exit"] == {"code": 3, "signal": None}
+        web = next(c for c in doc["children"] if c["role"] == "web")
+        assert web["state"] == "running" and web["restarts"] == 0  # a failing worker never touches the web slot
+        assert stat.S_IMODE((home / "run" / "supervisor.json").stat().st_mode) == 0o600
+        grandchild = int(grandchild_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=25)
+        assert proc.returncode == 0, out
+        # capped exponential backoff, logged with the true cause
+        assert "worker 1 (pid " in out and ") exited with code 3; restarting in 0.5 s (restart #1)" in out
+        assert "restarting in 1 s (restart #2)" in out and "restarting in 2 s (restart #3)" in out
+        assert "SIGTERM: stopping" in out
+        with pytest.raises(ProcessLookupError):  # the grandchild web left behind went with its process group
+            for _ in range(50):
+                os.kill(grandchild, 0)
+                time.sleep(0.1)
+        assert supervisor_status(home) is None and not (home / "run" / "supervisor.json").exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if grandchild_file.exists():
+            try:
+                os.kill(int(grandchild_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -26,7 +26,8 @@ from plugins_app.selectors.supervisor import supervisor_status
 from tests.e2e.live import REPO, free_port
 from tests.plugin_factory import make_plugin
 
-DEADLINE_SECS = 2  # the plugin's hook_timeout_secs: a blocking call must answer within this + 1 s
+DEADLINE_SECS = 5  # the plugin's hook_timeout_secs: a blocking call must answer within this + 1 s (it also bounds
+# after_turn runs, so it leaves room for a hook started on a loaded machine)
 INGEST = """
 import json, sys
 req = json.loads(sys.stdin.read())
@@ -280,6 +281,9 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         took = time.monotonic() - started
         print(f"stopped in {took:.1f} s after SIGTERM")
         assert took <= 25
+        log = service.log.read_text()
+        stops = [line for line in log.splitlines() if ") stopped with " in line]
+        assert [line.split("librefang: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
         wait_for(lambda: not service.leftovers(), 5, "no process left behind")
         with pytest.raises(ProcessLookupError):
             os.killpg(service.proc.pid, 0)
