@@ -111,6 +111,8 @@ def ensure_redis(url: str, home: Path) -> tuple[str, subprocess.Popen | None]:
     if state == RedisState.OK:
         return url, None
     parsed = urlparse(url)
+    if parsed.scheme != "redis":  # rediss:// or unix://: someone else's Redis, which we cannot stand in for
+        sys.exit(f"Redis is not reachable at {url}; start it, or unset REDIS_URL to let `make run` start its own.")
     private_url = with_password(url, parsed.password or redis_password(home))
     if state == RedisState.NEEDS_PASSWORD:
         if _probe_redis(private_url) == RedisState.OK:  # our private Redis, left by a run that was killed

@@ -261,11 +261,15 @@ SUPERVISE = """
 import sys
 from pathlib import Path
 from librefang_site.supervisor import Slot, Supervisor
+import librefang_site.supervisor as supervisor
 home, grandchild_file = Path(sys.argv[1]), sys.argv[2]
 # "web" leaves a grandchild in its process group and exits on SIGTERM; "worker" always exits with code 3
 web = [sys.executable, "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
        f"open({grandchild_file!r}, 'w').write(str(p.pid)); time.sleep(300)"]
 worker = [sys.executable, "-c", "import sys; sys.exit(3)"]
+if len(sys.argv) > 3:  # "stable after" shortened, and a worker that runs longer than that before each exit
+    supervisor.STABLE_AFTER_SECS = 0.3
+    worker = [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(3)"]
 sys.exit(Supervisor([Slot("web", 0, web), Slot("worker", 1, worker)], env={}, home=home).run())
 """
 
@@ -313,5 +317,31 @@ def test_it_restarts_with_backoff_reports_status_and_stops_its_whole_process_gro
         if grandchild_file.exists():
             try:
                 os.kill(int(grandchild_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_it_restarts_after_the_first_delay_again_once_a_child_stayed_up(tmp_path):
+    import signal
+
+    home = tmp_path / "home"
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(home), str(tmp_path / "gc.pid"), "stable"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        time.sleep(6)  # several exits, each after 0.5 s up (longer than the shortened 0.3 s "stable")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=25)
+        exits = [line for line in out.splitlines() if "exited with code 3" in line]
+        assert len(exits) >= 3, out
+        assert all("restarting in 0.5 s" in line for line in exits), exits
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        gc = tmp_path / "gc.pid"
+        if gc.exists():
+            try:
+                os.kill(int(gc.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
