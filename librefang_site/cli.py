@@ -167,10 +167,11 @@ def listen_socket(host: str, port: str) -> socket.socket | None:
     """The supervisor holds the listening socket and hands it to each daphne it starts: while daphne restarts,
     new connections wait in the backlog instead of being refused, and a busy port is reported before anything
     starts. IPv4 only (daphne's `--fd` adopts AF_INET sockets); for an IPv6 address daphne binds it itself."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
-    if family != socket.AF_INET:
+    ipv4 = [info for info in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            if info[0] == socket.AF_INET]
+    if not ipv4:
         return None
+    family, kind, proto, _, address = ipv4[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
