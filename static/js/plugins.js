@@ -196,6 +196,18 @@
     setTimeout(function () { if (document.contains(el)) el.focus(); }, 0);
   });
 
+  // ---- plugin list: a sort header also updates the filter form's sort fields, so a later search keeps it ----
+  document.addEventListener("click", function (ev) {
+    var link = ev.target.closest && ev.target.closest("a.sort-link");
+    var form = link && document.querySelector("form.filters");
+    if (!form) return;
+    var params = new URL(link.href, location.href).searchParams;
+    ["sort", "dir"].forEach(function (key) {
+      var input = form.querySelector("input[type=hidden][name=" + key + "]");
+      if (input && params.has(key)) input.value = params.get(key);
+    });
+  }, true);
+
   document.addEventListener("htmx:load", function (ev) { init(ev.detail.elt); });
   if (document.readyState !== "loading") init(document);
   else document.addEventListener("DOMContentLoaded", function () { init(document); });
