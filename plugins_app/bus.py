@@ -390,6 +390,12 @@ def _hub() -> _Hub:
     return hub
 
 
+def replies_reachable() -> bool:
+    """Whether this event loop's reply listener is subscribed (False: Redis went away while calls waited)."""
+    hub = _hubs.get(id(asyncio.get_running_loop()))
+    return hub is None or hub.subscribed
+
+
 def drain(reason: str) -> None:
     """Answer every call of this process that waits for a reply now (they fall back), and store no new job: the
     web process is stopping (librefang_site/asgi.py calls this on SIGTERM)."""

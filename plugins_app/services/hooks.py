@@ -38,7 +38,8 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
     started = time.monotonic()
     try:
         reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline)
-        reason = f"{P.DEADLINE_EXCEEDED}: no worker answered within {deadline:g}s"
+        reason = (f"{P.DEADLINE_EXCEEDED}: no worker answered within {deadline:g}s" if bus.replies_reachable() else
+                  f"{BUS_UNAVAILABLE}: Redis went away while waiting for the reply")
     except bus.BusDraining as exc:  # daphne is stopping: answer now rather than with an empty reply
         reply, reason = None, f"{SHUTTING_DOWN}: {exc}"
     except bus.BusUnavailable as exc:  # the agent still gets an answer, and is told why it is the default one
