@@ -204,6 +204,7 @@ def start() -> int:
     redis_url, redis_proc = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), home)
     os.environ["REDIS_URL"] = redis_url  # settings and every child read it from here
     try:
+        listener = listen_socket(host, port)  # a busy port is reported before anything else happens
         django.setup()
         from django.core.management import call_command
 
@@ -213,7 +214,6 @@ def start() -> int:
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
         worker_argv = [sys.executable, "-m", "librefang_site.cli", "worker"]
-        listener = listen_socket(host, port)
         slots = [Slot("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
         slots += [Slot("worker", i + 1, worker_argv) for i in range(workers)]
         print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n",
