@@ -157,10 +157,15 @@ def daphne_argv(listener: socket.socket | None = None) -> list[str]:
     """daphne on LIBREFANG_LISTEN, or on an already listening socket it inherits."""
     if listener is None:
         host, port = _listen()
-        where = ["-b", host, "-p", port]
+        # Twisted's default backlog (50) resets connections when hundreds of agents connect at once.
+        where = (["-e", f"tcp:port={port}:interface={host}:backlog=1024"] if ":" not in host
+                 else ["-b", host, "-p", port])
     else:
         where = ["--fd", str(listener.fileno())]
-    return [sys.executable, "-m", "daphne", *where, "--proxy-headers", "librefang_site.asgi:application"]
+    # X-Forwarded-For is believed only behind a configured proxy: daphne would otherwise take any client's
+    # header as its address, and the login lockout (plugins_app/views/login.py) keys on that address.
+    proxy = ["--proxy-headers"] if os.environ.get("LIBREFANG_TRUSTED_PROXIES", "").strip() else []
+    return [sys.executable, "-m", "daphne", *where, *proxy, "librefang_site.asgi:application"]
 
 
 def listen_socket(host: str, port: str) -> socket.socket | None:
