@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# Who asked for the run under way in this thread (a worker sets "mcp" for a job queued over /mcp): new invocations
+# take it as their origin.
+CURRENT_ORIGIN: ContextVar[str] = ContextVar("invocation_origin", default="agent")
 
 
 @dataclass
@@ -26,10 +31,12 @@ class Invocation:
     job_id: str | None = None
     annotations: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
-    origin: str = "agent"  # "agent" (real traffic) or "test_console": counted apart on dashboards
+    # "agent" or "mcp" (real traffic, counted alike) or "test_console" (counted apart on dashboards)
+    origin: str = field(default_factory=CURRENT_ORIGIN.get)
 
 
 AGENT = "agent"
+MCP = "mcp"
 TEST_CONSOLE = "test_console"
 
 

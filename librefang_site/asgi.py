@@ -16,6 +16,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from plugins_app import bus  # noqa: E402
+from plugins_app.mcp.app import McpApp, is_mcp_path  # noqa: E402
 from plugins_app.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -51,9 +52,22 @@ class AnswerHookCallsOnShutdown:
             raise
 
 
+class McpOrDjango:
+    """/mcp (the Model Context Protocol server, plugins_app/mcp/app.py) or Django for every other path."""
+
+    def __init__(self, app):
+        self.app = app
+        self.mcp = McpApp()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and is_mcp_path(scope.get("path", "")):
+            return await self.mcp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": AnswerHookCallsOnShutdown(ASGIStaticFilesHandler(django_asgi_app)),
+        "http": McpOrDjango(AnswerHookCallsOnShutdown(ASGIStaticFilesHandler(django_asgi_app))),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                                             settings.ALLOWED_HOSTS),
     }

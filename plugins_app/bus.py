@@ -14,6 +14,7 @@ XADDs go through one writer task that pipelines whatever is queued, so a burst q
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import hmac
 import json
@@ -181,10 +182,15 @@ class Job:
     deliveries: int = 1
     reply_to: str = ""  # the web process's reply channel ("" = only the reply list)
     signed: bool = True  # False: the entry's signature did not verify; it must never run
+    origin: str = ""  # who queued it when not an agent over REST ("mcp"): its traces say so
 
     @property
     def expired(self) -> bool:
         return bool(self.deadline) and time.time() > self.deadline
+
+
+# Set by a caller (the /mcp server) around its calls: the jobs it queues carry this origin.
+JOB_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("job_origin", default="")
 
 
 def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
@@ -202,6 +208,8 @@ def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wan
         "reply_to": reply_to,
         "enqueued_at": repr(now),
     }
+    if JOB_ORIGIN.get():
+        fields["origin"] = JOB_ORIGIN.get()
     fields["sig"] = sign(fields)
     return job_id, fields
 
@@ -221,7 +229,7 @@ def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
         id=fields.get("id", entry_id), entry_id=entry_id, kind=fields.get("kind", "hook"),
         hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
         plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
-        signed=signed,
+        signed=signed, origin=fields.get("origin", "")[:20],
     )
 
 

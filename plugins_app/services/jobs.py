@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 from django.db import IntegrityError, close_old_connections
 
 from engine import protocol as P
+from engine.ports import CURRENT_ORIGIN
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
@@ -68,7 +70,8 @@ def process(job: Job, stream: JobStream) -> str:
 
             payload, source, reason = run_install_job(job.request)
         else:
-            reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
+            with _origin(job):
+                reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
             payload = reply.to_dict()
             source, reason = reply.source, reply.fallback_reason or ""
             if reply.aborted and reply.error:  # on_hook_failure = "abort": the agent gets an error, not a fallback
@@ -128,3 +131,14 @@ def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) ->
             if attempt == 4:
                 raise
             time.sleep(0.05 * (attempt + 1))
+
+
+@contextlib.contextmanager
+def _origin(job: Job):
+    """Stamp the invocations of a job queued with an origin (e.g. "mcp") with it (engine.ports.CURRENT_ORIGIN)."""
+    token = CURRENT_ORIGIN.set(job.origin) if job.origin else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            CURRENT_ORIGIN.reset(token)

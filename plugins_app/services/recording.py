@@ -16,7 +16,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from engine import quantiles
-from engine.ports import AGENT, Invocation
+from engine.ports import AGENT, TEST_CONSOLE, Invocation
 from plugins_app import events
 from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
 
@@ -65,8 +65,9 @@ def record_now(items: list[Invocation]) -> None:
 
 
 def _split(items: list[Invocation]) -> tuple[list[Invocation], list[Invocation]]:
-    agent = [i for i in items if (i.origin or AGENT) == AGENT]
-    return agent, [i for i in items if (i.origin or AGENT) != AGENT]
+    # MCP calls are agent traffic too (only their traces say "mcp"); test-console runs are counted apart
+    agent = [i for i in items if (i.origin or AGENT) != TEST_CONSOLE]
+    return agent, [i for i in items if (i.origin or AGENT) == TEST_CONSOLE]
 
 
 def _add_calls(row: HookMetric | HookMetricBucket | HookMetricHour, items: list[Invocation]) -> None:

@@ -1,0 +1,44 @@
+"""Plugins as MCP resources (viewer role): `librefang://plugins/<name>/manifest` (its plugin.toml) and
+`librefang://plugins/<name>/traces` (its most recent traces, newest first, as JSON)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.manifest import manifest_path
+from plugins_app.selectors import traces as trace_selectors
+from plugins_app.services.engine import get_engine
+
+SCHEME = "librefang://plugins/"
+RECENT_TRACES = 50
+
+
+def listing() -> list[dict[str, Any]]:
+    out = []
+    for name in get_engine().catalog.names():
+        out.append({"uri": f"{SCHEME}{name}/manifest", "name": f"{name} manifest", "mime_type": "application/toml",
+                    "description": f"plugin.toml of the {name} plugin"})
+        out.append({"uri": f"{SCHEME}{name}/traces", "name": f"{name} traces", "mime_type": "application/json",
+                    "description": f"the {RECENT_TRACES} most recent traces of the {name} plugin"})
+    return out
+
+
+def read(uri: str) -> tuple[str, str] | None:
+    """(mime type, text) of a resource, or None for an unknown one."""
+    if not uri.startswith(SCHEME):
+        return None
+    name, _, kind = uri[len(SCHEME):].rpartition("/")
+    catalog = get_engine().catalog
+    if not name or not catalog.exists(name):
+        return None
+    if kind == "manifest":
+        try:
+            return "application/toml", manifest_path(catalog.get(name).dir).read_text()
+        except OSError:
+            return None
+    if kind == "traces":
+        found = trace_selectors.search_traces(trace_selectors.TraceQuery(plugin=name), per_page=RECENT_TRACES)
+        traces = found["traces"]  # each with its origin ("mcp" for calls over /mcp) and the job's fallback
+        return "application/json", json.dumps({"plugin": name, "traces": traces}, default=str)
+    return None
