@@ -19,7 +19,6 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
 
 from plugins_app import bus
 
@@ -61,10 +60,6 @@ def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[
     raw = bus.client().lrange(_tail_key(plugin or ALL), -limit, -1)
     lines = [json.loads(x) for x in raw]
     return [x for x in lines if x["seq"] > after_seq]
-
-
-def clear_tail(plugin: str) -> None:
-    bus.client().delete(_tail_key(plugin))
 
 
 def dropped_count() -> int:
@@ -209,10 +204,3 @@ def _send_sync(group: str, message: dict) -> None:
     except Exception:
         log.warning("could not publish %s event", message.get("type"), exc_info=True)
 
-
-async def send(group: str, message: dict) -> None:
-    await get_channel_layer().group_send(group, message)
-
-
-def channel_layer_prefix() -> str:
-    return settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "")

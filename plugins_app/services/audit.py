@@ -17,9 +17,3 @@ def record(actor: str, action: str, target: str = "", *, ok: bool = True, detail
     except Exception:  # the audit must never turn a done change into an error
         log.exception("could not write audit entry %s %s", action, target)
 
-
-def recent(limit: int = 50, target: str | None = None) -> list[AuditEntry]:
-    qs = AuditEntry.objects.all()
-    if target:
-        qs = qs.filter(target=target)
-    return list(qs[:limit])
