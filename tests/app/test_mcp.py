@@ -1,0 +1,129 @@
+"""The /mcp server's parts with real Redis, the real engine and the real database: which tools each role sees, the
+"mcp" origin from the queued job to the trace (counted with agent traffic), refusals as tool errors, resources."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from engine import wasm_tools as T
+from plugins_app import bus
+from plugins_app.mcp import resources, tokens
+from plugins_app.mcp import tools as mcp_tools
+from plugins_app.models import HookMetric, HookTrace, JobRecord
+from plugins_app.services import jobs
+from plugins_app.services.tokens import create_token
+from tests.app.recording_fixtures import _flush_recording, _release_writer_connection  # noqa: F401
+from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
+from tests.plugin_factory import make_plugin, write_config
+
+RECALL = """
+import json, sys
+req = json.loads(sys.stdin.read())
+print(json.dumps({"type": "ingest_result", "memories": [{"content": "got " + req["message"]}]}))
+"""
+HOOKS = {"recall", "remember", "assemble", "compact"}
+READS = {"plugins", "doctor"}
+
+
+@pytest.fixture
+def prefix(settings):
+    settings.LIBREFANG_REDIS_PREFIX = name = f"lfmcp-{uuid.uuid4().hex[:8]}"
+    r = bus.client()
+    yield name
+    for key in r.scan_iter(match=name + ":*"):
+        r.delete(key)
+
+
+@pytest.fixture
+def echo_tool(home):
+    wasm = fixture_wasm("echo")
+    T.install(home, T.package(tool_manifest("echo", wasm), wasm))
+    return "echo"
+
+
+@pytest.mark.parametrize(("role", "expected"), [
+    ("agent", HOOKS | {"echo"}), ("owner", HOOKS | READS | {"echo"}), ("admin", HOOKS | READS),
+    ("viewer", READS)])
+async def test_it_lists_only_the_tools_a_role_may_call(home, echo_tool, role, expected):
+    assert {t.name for t in await mcp_tools.available(role)} == expected
+
+
+async def test_it_gives_a_wasm_tool_named_like_a_builtin_a_prefix(home):
+    wasm = fixture_wasm("echo")
+    T.install(home, T.package(tool_manifest("recall", wasm), wasm))
+    names = [t.name for t in await mcp_tools.available("agent")]
+    assert names.count("recall") == 1 and "wasm_recall" in names
+
+
+async def test_it_leaves_a_disabled_tool_out_and_changes_the_listing_stamp(home, echo_tool):
+    before = mcp_tools.listing_stamp()
+    T.set_enabled(home, "echo", False)
+    assert mcp_tools.listing_stamp() != before
+    assert "echo" not in {t.name for t in await mcp_tools.available("agent")}
+
+
+async def test_it_answers_remember_with_a_retryable_tool_error_when_redis_is_down(prefix, settings, home):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    with pytest.raises(mcp_tools.McpToolError) as refused:
+        await mcp_tools.remember({"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
+    error = refused.value.body["error"]
+    assert error["code"] == "bus_unavailable" and error["details"]["http_status"] == 503
+    assert error["details"]["retry_after_secs"] > 0
+
+
+async def test_it_refuses_arguments_the_rest_route_would_refuse(home):
+    with pytest.raises(mcp_tools.McpToolError) as refused:
+        await mcp_tools.remember({"agent_id": "a"})  # no messages
+    assert refused.value.body["error"]["code"] == "validation_error"
+
+
+def test_it_queues_jobs_with_the_mcp_origin_signed(prefix):
+    token = bus.JOB_ORIGIN.set("mcp")
+    try:
+        _, fields = bus._fields("hook", "ingest", {"agent_id": "a"}, 5, True)
+    finally:
+        bus.JOB_ORIGIN.reset(token)
+    job = bus._parse("1-0", fields)
+    assert job.signed and job.origin == "mcp"
+    _, plain = bus._fields("hook", "ingest", {"agent_id": "a"}, 5, True)
+    assert "origin" not in plain and bus._parse("1-1", plain).origin == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_traces_an_mcp_job_as_mcp_and_counts_it_with_agent_calls(home, prefix):
+    from plugins_app.services.engine import invocation_sink
+
+    make_plugin(home.plugins_dir, "recaller", {"ingest": RECALL})
+    write_config(home.root, plugin="recaller")
+    stream = bus.JobStream(consumer=f"test-{uuid.uuid4().hex[:6]}")
+    stream.ensure_group()
+    for origin in ("mcp", ""):
+        job = bus.Job(id=uuid.uuid4().hex, entry_id="0-1", kind="hook", hook="ingest",
+                      request={"agent_id": "a", "message": "kafka"}, deadline=time.time() + 60, wants_reply=True,
+                      origin=origin)
+        assert jobs.process(job, stream) == JobRecord.State.DONE
+    invocation_sink().flush()
+    assert sorted(HookTrace.objects.filter(plugin="recaller").values_list("origin", flat=True)) == ["agent", "mcp"]
+    metric = HookMetric.objects.get(plugin="recaller", hook="ingest")
+    assert metric.calls == 2 and metric.console_calls == 0
+    # the traces resource shows the origin
+    mime, text = resources.read("librefang://plugins/recaller/traces")
+    assert mime == "application/json"
+    assert sorted(t["origin"] for t in json.loads(text)["traces"]) == ["agent", "mcp"]
+    assert resources.read("librefang://plugins/nope/manifest") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_resolves_a_token_and_its_role(home):
+    from asgiref.sync import async_to_sync
+
+    _, raw = create_token("mcp-viewer", "viewer")
+    found = async_to_sync(tokens.resolve)(raw)
+    assert found is not None and found.role == "viewer"
+    assert async_to_sync(tokens.resolve)("lf_unknown") is None and async_to_sync(tokens.resolve)("") is None
+    assert tokens.bearer([(b"authorization", f"Bearer {raw}".encode())]) == raw
+    assert tokens.bearer({"Authorization": "Basic abc"}) == ""
