@@ -4,6 +4,7 @@ from django.urls import path
 from plugins_app.api import api
 from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
+from plugins_app.views import mcp as mcp_views
 from plugins_app.views import monitoring as monitoring_views
 from plugins_app.views import plugins as plugin_views
 from plugins_app.views import tokens as token_views
@@ -26,6 +27,7 @@ urlpatterns = [
     path("engine/", engine_views.engine_page, name="engine"),
     path("engine/config/", engine_views.engine_config, name="engine_config"),
     path("engine/health/", engine_views.engine_health, name="engine_health"),
+    path("engine/mcp/", mcp_views.mcp_page, name="mcp"),
     path("doctor/", doctor_views.doctor_page, name="doctor"),
     path("tokens/", token_views.tokens_page, name="tokens"),
     path("tokens/new/", token_views.token_create, name="token_create"),
