@@ -4,6 +4,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import dj_database_url
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 LIBREFANG_HOME = Path(os.environ.get("LIBREFANG_HOME", Path.home() / ".librefang")).expanduser()
 
@@ -111,25 +113,6 @@ TEMPLATES = [
 ]
 
 
-def _database_from_url(url: str) -> dict:
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(url)
-    if parsed.scheme in ("postgres", "postgresql"):
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": unquote(parsed.path.lstrip("/")),
-            "USER": unquote(parsed.username or ""),
-            "PASSWORD": unquote(parsed.password or ""),
-            "HOST": parsed.hostname or "",
-            "PORT": str(parsed.port or ""),
-            "CONN_MAX_AGE": 60,
-        }
-    if parsed.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or ":memory:"}
-    raise ValueError(f"unsupported DATABASE_URL scheme: {parsed.scheme!r}")
-
-
 _sqlite_options = {
     # WAL + a busy timeout: web tier and several workers write the same file.
     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
@@ -137,7 +120,10 @@ _sqlite_options = {
     "transaction_mode": "IMMEDIATE",
 }
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": _database_from_url(os.environ["DATABASE_URL"])}
+    # postgres://user:pass@host:5432/db (psycopg comes with the `.[postgres]` extra) or sqlite:////abs/path.
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 60
 else:
     DATABASES = {
         "default": {

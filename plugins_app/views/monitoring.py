@@ -97,8 +97,8 @@ def traces_page(request):
     context = {"result": result, "q": q, "error": error, "facets": trace_selectors.facets(), "hooks": ALL_HOOKS,
                "outcomes": trace_selectors.OUTCOMES, "query_string": params.urlencode(), "form": request.GET,
                "ranges": metric_selectors.RANGES}
-    template = ("plugins_app/partials/traces_results.html" if request.headers.get("HX-Request")
-                and request.headers.get("HX-Target") == "trace-results" else "plugins_app/traces.html")
+    template = ("plugins_app/partials/traces_results.html" if request.htmx
+                and request.htmx.target == "trace-results" else "plugins_app/traces.html")
     return render(request, template, context)
 
 
@@ -135,6 +135,6 @@ async def _workers_context() -> dict:
 @login_required
 async def workers_page(request):
     context = await _workers_context()
-    template = ("plugins_app/partials/workers_panel.html" if request.headers.get("HX-Request")
+    template = ("plugins_app/partials/workers_panel.html" if request.htmx
                 else "plugins_app/workers.html")
     return await sync_to_async(render)(request, template, context)

@@ -62,7 +62,7 @@ def role_required(action: str):
 
 
 def forbidden(request, role: str):
-    if request.headers.get("HX-Request"):
+    if request.htmx:
         return render(request, "plugins_app/partials/action_feedback.html", {
             "ok": False, "action": "not allowed", "message": f"this needs the {role} role"}, status=403)
     return render(request, "plugins_app/forbidden.html", {"role": role}, status=403)
