@@ -169,20 +169,29 @@ class McpApp:
         self._watcher: asyncio.Task | None = None
 
     async def _ensure_started(self) -> StreamableHTTPSessionManager:
+        if self._started is not None and self._started.done() and self._started.exception() is not None:
+            self._started = None  # the last start failed: try again with a new manager (one run() per manager)
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             self.manager = StreamableHTTPSessionManager(app=build_server(), stateless=False)
             self._runner = asyncio.ensure_future(self._run(self.manager, self._started))
-            self._watcher = asyncio.ensure_future(SESSIONS.watch())
+            if self._watcher is None:
+                self._watcher = asyncio.ensure_future(SESSIONS.watch())
         await asyncio.shield(self._started)
         assert self.manager is not None
         return self.manager
 
     @staticmethod
     async def _run(manager: StreamableHTTPSessionManager, started: asyncio.Future) -> None:
-        async with manager.run():
-            started.set_result(True)
-            await asyncio.Event().wait()  # for the life of the process
+        try:
+            async with manager.run():
+                started.set_result(True)
+                await asyncio.Event().wait()  # for the life of the process
+        except BaseException as exc:  # never leave a request waiting on a start that will not come
+            if not started.done():
+                log.exception("the MCP session manager did not start")
+                started.set_exception(RuntimeError(f"the MCP session manager did not start: {exc!r}"))
+            raise
 
     async def __call__(self, scope, receive, send) -> None:
         raw = tokens.bearer(scope.get("headers") or [])
