@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from plugins_app.forms import TokenForm
 from plugins_app.models import ApiToken
+from plugins_app.selectors import audit as audit_selectors
 from plugins_app.selectors import dashboard
 from plugins_app.services import tokens as token_service
 from plugins_app.views.plugins import actor, role_required
@@ -23,7 +24,7 @@ NEW_TOKEN_KEY = "tokens.new"
 def _page(request, form=None, created=None, error=None, status=200):
     return render(request, "plugins_app/tokens.html", {
         "form": form or TokenForm(), "created": created, "error": error,
-        "tokens": dashboard.tokens(), "audit": dashboard.audit(100),
+        "tokens": dashboard.tokens(), "audit_log": audit_selectors.audit_log(request.GET),
     }, status=status)
 
 
