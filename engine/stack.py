@@ -4,6 +4,7 @@ fallback for every failure. Per-hook stack semantics follow DESIGN.md §4."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import hashlib
 import json
 import logging
@@ -315,7 +316,9 @@ class ContextEngine:
                               job_id: str | None) -> list[Attempt | None]:
         if len(names) <= 1:
             return [self._run(n, hook, req, cfg, job_id) for n in names]
-        futures = [self._pool.submit(self._run, n, hook, req, cfg, job_id) for n in names]
+        # each in a copy of this thread's context, so the caller's origin (engine.ports.CURRENT_ORIGIN) stays on
+        futures = [self._pool.submit(contextvars.copy_context().run, self._run, n, hook, req, cfg, job_id)
+                   for n in names]
         return [f.result() for f in futures]
 
     def _policy(self, name: str) -> str:

@@ -118,6 +118,24 @@ def test_it_traces_an_mcp_job_as_mcp_and_counts_it_with_agent_calls(home, prefix
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_marks_every_layer_of_a_stack_run_concurrently_as_mcp(home, prefix):
+    from plugins_app.services.engine import invocation_sink
+
+    for name in ("layer-a", "layer-b"):
+        make_plugin(home.plugins_dir, name, {"ingest": RECALL})
+    write_config(home.root, stack=["layer-a", "layer-b"])
+    stream = bus.JobStream(consumer=f"test-{uuid.uuid4().hex[:6]}")
+    stream.ensure_group()
+    job = bus.Job(id=uuid.uuid4().hex, entry_id="0-1", kind="hook", hook="ingest",
+                  request={"agent_id": "a", "message": "kafka"}, deadline=time.time() + 60, wants_reply=True,
+                  origin="mcp")
+    assert jobs.process(job, stream) == JobRecord.State.DONE
+    invocation_sink().flush()
+    traces = HookTrace.objects.filter(job_id=job.id)
+    assert sorted(traces.values_list("plugin", "origin")) == [("layer-a", "mcp"), ("layer-b", "mcp")]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_resolves_a_token_and_its_role(home):
     from asgiref.sync import async_to_sync
 
