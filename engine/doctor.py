@@ -1,5 +1,5 @@
 """Runtime probes for the doctor: every runtime's launcher run with its version flag, 5 s cap each, probed
-concurrently and cached briefly (research §7.1)."""
+concurrently and cached briefly (as LibreFang's doctor probes them)."""
 
 from __future__ import annotations
 

@@ -155,9 +155,8 @@ def venv_dir(home: Home, name: str):
 
 def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
     """Run one attempt of a hook call with its runtime."""
-    # ---- in-process runtimes (runtime.in_process, i.e. `wasm`) -------------------------------------------------
-    # Dispatch point for the WASM runtime: engine/wasm.py provides run_wasm_hook(call, on_stderr) -> HookResult.
-    # Until it exists, such a hook fails with a classified launcher_not_found (never a crash).
+    # In-process runtimes (`wasm`) run inside the worker (engine/wasm.py); a build without it fails the call with
+    # a classified launcher_not_found, never a crash.
     if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
         try:
             from engine.wasm import run_wasm_hook  # type: ignore[attr-defined]
@@ -165,7 +164,6 @@ def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResu
             return HookResult(False, failure=Failure(
                 P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} is not available in this build"))
         return run_wasm_hook(call, on_stderr)
-    # ---- end of the in-process dispatch point ---------------------------------------------------------------
     return run_hook(call, on_stderr)
 
 

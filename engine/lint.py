@@ -1,4 +1,4 @@
-"""Lint one plugin directory: errors make it unusable, warnings are advice (research §7.3, plus unknown keys)."""
+"""Lint one plugin directory: errors make it unusable, warnings are advice (LibreFang's lint and `hooks_valid` checks, plus unknown keys)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def add_sandbox_findings(add) -> None:
     if reasons:
         add(F.warning("sandbox.degraded", "hooks run without their own namespaces: " + "; ".join(reasons),
                       "Run the service as root, or allow unprivileged user namespaces "
-                      "(user.max_user_namespaces > 0); see engine/COMPATIBILITY.md."))
+                      "(user.max_user_namespaces > 0); see docs/compatibility.md."))
 
 
 def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintReport:

@@ -14,7 +14,7 @@ the thread that spawned it (the engine spawns from long-lived pool threads). Whe
 call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
 
 The preexec function costs a full fork() instead of CPython's vfork (its cost grows with the worker's memory); the
-warm path forks from a small zygote instead. See engine/COMPATIBILITY.md for measured figures.
+warm path forks from a small zygote instead. See docs/compatibility.md for measured figures.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def locate_script(call: HookCall) -> Path | Failure:
 
 
 def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The hook's environment, in DESIGN.md §4 order; later entries win."""
+    """The hook's environment, in the order docs/compatibility.md gives; later entries win."""
     parent = os.environ if parent_env is None else parent_env
     request = call.request if isinstance(call.request, dict) else {}
     env: dict[str, str] = {
@@ -156,7 +156,7 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
 BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL",
                               "LIBREFANG_LLM_API_KEY"})
 
-# Defaults when a plugin sets no limit (engine/COMPATIBILITY.md): enforced through the hook's cgroup where the service
+# Defaults when a plugin sets no limit (docs/compatibility.md): enforced through the hook's cgroup where the service
 # can create one. An explicit max_memory_mb is also an RLIMIT_AS, as before.
 DEFAULT_MAX_MEMORY_MB = 1024
 DEFAULT_MAX_PROCESSES = 128

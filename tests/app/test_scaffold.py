@@ -203,7 +203,7 @@ def test_it_judges_a_test_console_run_as_an_agent_call_does(home):
     assert engine.judge(H.ASSEMBLE, request, console.reply) == (False, str(console.failure))
 
 
-# ---- what the engine tells agents and operators (issue 12) ----
+# ---- what the engine tells agents and operators ----
 
 def test_it_serves_the_last_good_manifest_any_process_loaded_not_an_older_one_it_kept(home):
     """Two catalogs stand for the web tier and a worker: after a failed edit both serve the newest good copy."""

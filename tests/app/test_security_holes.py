@@ -1,4 +1,4 @@
-"""The smaller holes of issue 11 (each closed with a real test): websocket paths no route matches, hook output
+"""Smaller security holes, each closed with a real test: websocket paths no route matches, hook output
 nested too deep to parse, one role table for API and dashboard, owner-only files under $LIBREFANG_HOME, and
 login throttling."""
 

@@ -1,4 +1,4 @@
-"""The dashboard never says something untrue (issue 12) and scaffolding writes what the docs promise (issue 16):
+"""The dashboard never says something untrue, and scaffolding writes what the docs promise:
 real service, real worker, real hooks, real Chromium."""
 
 from __future__ import annotations

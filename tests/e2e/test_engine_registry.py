@@ -1,4 +1,4 @@
-"""Registry-shaped plugins (research §12) through the real service: python, stdlib only, state under ~ (HOME),
+"""Registry-shaped plugins (like those of the librefang-registry repository) through the real service: python, stdlib only, state under ~ (HOME),
 `{"memories"}` replies without `type`, list-of-blocks content, and an after_turn -> ingest round trip that recalls
 what was stored, via daphne + Redis + the worker."""
 

@@ -1,4 +1,4 @@
-"""The default context engine (research §2.3-§2.4, §10.2): recall, overflow cascade, compaction, thresholds."""
+"""The default context engine (engine/default_engine.py): recall, overflow cascade, compaction, thresholds."""
 
 from __future__ import annotations
 

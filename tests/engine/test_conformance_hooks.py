@@ -1,4 +1,4 @@
-"""Every hook's request and reply shapes (DESIGN §4, research §2, §10.2-§10.3), through the real ContextEngine with
+"""Every hook's request and reply shapes (LibreFang's code and docs, see docs/compatibility.md), through the real ContextEngine with
 tiny real plugins. Failure policies, retries and TTL caches too."""
 
 from __future__ import annotations

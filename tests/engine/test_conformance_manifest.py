@@ -1,4 +1,4 @@
-"""plugin.toml conformance (research §3, §10.4; DESIGN §4): every field, aliases and precedence, findings with stable
+"""plugin.toml conformance (engine/manifest.py, docs/compatibility.md "Manifest"): every field, aliases and precedence, findings with stable
 ids, [env] expansion, [integrity] on every load, min version, dependencies, [config], [i18n], requirements venv."""
 
 from __future__ import annotations

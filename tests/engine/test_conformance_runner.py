@@ -1,5 +1,5 @@
-"""Runner and sandbox conformance: research §1.2 / §10.1 plus the hostile-hook cases of issue 3, each with an exact
-classified outcome. Every case spawns a real subprocess."""
+"""Runner and sandbox conformance (engine/runner.py, engine/sandbox.py): the one-shot protocol plus hostile hooks
+(escapes, floods, detached children), each with an exact classified outcome. Every case spawns a real subprocess."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def wait_until(cond, timeout=15.0):
     return cond()
 
 
-# ---- output parsing (research §1.2 step 14, §10.1) ----
+# ---- output parsing: the last stdout line that parses as JSON wins ----
 
 def test_it_picks_the_last_json_line():
     assert parse_output('log line\n{"a": 1}\nmore log\n') == {"a": 1}
@@ -114,7 +114,7 @@ def test_it_clears_the_environment_and_sets_librefang_vars_in_order(spawn_mode, 
     assert env["PYTHONIOENCODING"] == "utf-8"  # python passthrough list
     assert env["FROM_ENV"] == "x"
     assert env["LIBREFANG_RUNTIME"] == "forged"  # [env] comes after the LIBREFANG_ vars (later wins)
-    assert env["ALLOWED_ONE"] == "from-service"  # allowed_env_vars come last (DESIGN §4)
+    assert env["ALLOWED_ONE"] == "from-service"  # allowed_env_vars come last (docs/compatibility.md)
     assert "DJANGO_SECRET_KEY" not in env and "DJANGO_SECRET_KEY" in BLOCKED_ENV_VARS
 
 

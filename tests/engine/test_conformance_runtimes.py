@@ -1,4 +1,4 @@
-"""Runtime conformance (research §1.1, §10.1): tag resolution, launch commands, and a real round trip through every
+"""Runtime conformance (engine/runtimes.py): tag resolution, launch commands, and a real round trip through every
 runtime whose launcher is installed here. Missing launchers are skipped with the reason."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""plugin_stack conformance: the per-hook semantics of DESIGN §4 (research §4.2 and the fixes of §13.2)."""
+"""plugin_stack conformance: the per-hook semantics of a stack (engine/stack.py), with the
+differences from LibreFang listed under "Stacks" in docs/compatibility.md."""
 
 from __future__ import annotations
 
