@@ -12,7 +12,7 @@ from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from engine.hooks import ALL_HOOKS
-from plugins_app.api.errors import ApiError, json_response, parse_body
+from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
 from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
 from plugins_app.auth import allows, hash_token, lookup
 from plugins_app.models import Role
@@ -41,20 +41,6 @@ from plugins_app.services import metrics as metrics_service
 from plugins_app.services import plugins as plugin_service
 
 router = Router(tags=["context-engine"])
-
-
-def optional_body(request: HttpRequest, schema: type[Schema]):
-    """A JSON body that may be omitted entirely (then the schema's defaults apply); read as JSON whatever the
-    Content-Type says (curl -d sends application/x-www-form-urlencoded), as every other route does."""
-    if not request.body.strip() or (request.content_type == "multipart/form-data"
-                                    and not request.POST and not request.FILES):
-        return schema()
-    data = parse_body(request)
-    try:
-        return schema.model_validate(data)
-    except PydanticValidationError as exc:
-        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(400, "validation_error", "The request does not match the expected shape.", details) from exc
 
 
 def optional_body_openapi(schema: type[Schema]) -> dict:
@@ -203,7 +189,7 @@ class ResetIn(Schema):
              openapi_extra=optional_body_openapi(ResetIn))
 def metrics_reset(request):
     """Zero the persisted counters (all plugins, or one with {"plugin": name}). Traces are kept."""
-    body = optional_body(request, ResetIn)
+    body = json_body(request, ResetIn)
     return json_response(metrics_service.reset_metrics(actor(request), body.plugin))
 
 

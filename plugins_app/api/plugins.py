@@ -12,11 +12,10 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
-from pydantic import ValidationError as PydanticValidationError
 
 from engine import hooks as H
 from plugins_app.api.context_engine import optional_body_openapi, validated
-from plugins_app.api.errors import ApiError, json_response, parse_body
+from plugins_app.api.errors import ApiError, json_body, json_response
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
 from plugins_app.schemas import (
     NAME_PATTERN,
@@ -70,21 +69,6 @@ router = Router(tags=["plugins"])
 PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
      413: ErrorEnvelope}
-
-
-def json_body(request: HttpRequest, schema):
-    """The body parsed as JSON whatever its Content-Type (curl -d sends application/x-www-form-urlencoded), as the
-    hook routes and install do; an empty body means the schema's defaults."""
-    if not request.body.strip() or (request.content_type == "multipart/form-data"
-                                    and not request.POST and not request.FILES):
-        data = {}  # nothing sent (an empty multipart body is how some clients send "nothing")
-    else:
-        data = parse_body(request)
-    try:
-        return schema.model_validate(data)
-    except PydanticValidationError as exc:
-        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(400, "validation_error", "The request does not match the expected shape.", details) from exc
 
 
 def _lang(request: HttpRequest) -> str | None:
@@ -198,7 +182,7 @@ def status(request, name: str = PluginPath):
     return json_response({
         "name": name, "version": summary.version, "description": summary.description,
         "hooks_valid": summary.hooks_valid, "valid": summary.valid, "path": summary.path,
-        "size_bytes": _size(summary.path), "enabled": summary.enabled,
+        "size_bytes": state_selectors.tree_size(summary.path), "enabled": summary.enabled,
         "active": name in cfg["serving"], "active_as_single": cfg["mode"] == "single" and chain == [name],
         "stack_position": chain.index(name) if name in chain else None,
     })
@@ -220,19 +204,6 @@ def health(request, name: str = PluginPath):
         "active": name in config_selectors.engine_config()["serving"], "version": summary.version,
         "hooks_valid": summary.hooks_valid, "hook_stats": hook_stats, "recent_traces": list_traces(plugin=name, limit=10),
     })
-
-
-def _size(path: str) -> int:
-    import os
-
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 @router.get("/{name}/lint", auth=VIEWER, response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")

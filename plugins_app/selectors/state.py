@@ -21,7 +21,8 @@ MAX_FILES_LISTED = 500
 SERVICE_OWNED = frozenset(VENV_DIRS) | {LAST_GOOD_FILE}
 
 
-def _tree_size(path: str) -> int:
+def tree_size(path: str) -> int:
+    """Bytes in the files below `path` (symlinks counted as links, unreadable files skipped)."""
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for f in files:
@@ -70,7 +71,7 @@ def plugin_state(name: str) -> dict:
     venv = root / VENV_DIRS[0]
     return {"plugin": name, "path": str(root), "exists": root.is_dir(), "size_bytes": total, "file_count": count,
             "files": files, "files_truncated": count > len(files), "agents_with_state": agents,
-            "venv": {"present": venv.is_dir(), "size_bytes": _tree_size(str(venv)) if venv.is_dir() else 0}}
+            "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0}}
 
 
 def _masked(key: str, value: str) -> str:
