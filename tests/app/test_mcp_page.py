@@ -32,3 +32,17 @@ def test_it_is_linked_from_the_context_engine_page(viewer_client, home):
 
 def test_it_needs_a_login(client, db):
     assert client.get("/engine/mcp/").status_code == 302
+
+
+def test_it_marks_mcp_traces_as_mcp_in_the_traces_explorer(viewer_client, home):
+    import datetime as dt
+
+    from plugins_app.models import HookTrace
+
+    HookTrace.objects.create(trace_id="0123456789abcdef", plugin="recaller", hook="ingest", agent_id="a1",
+                             started_at=dt.datetime.now(dt.UTC), elapsed_ms=3.0, ok=True, origin="mcp")
+    listing = viewer_client.get("/traces/?origin=mcp").content.decode()
+    assert "0123456789abcdef" in listing and '<span class="badge">MCP</span>' in listing
+    assert '<span class="badge">test console</span>' not in listing
+    detail = viewer_client.get("/traces/0123456789abcdef/").content.decode()
+    assert "agent call over MCP" in detail and "test console" not in detail
