@@ -183,3 +183,52 @@ def _integrity_problems(plugin: LoadedPlugin) -> list[Finding]:
     if plugin.manifest.integrity:
         problems += verify_integrity(plugin.dir, plugin.manifest)
     return problems
+
+
+class PinnedCatalog:
+    """The catalog as one job sees it: the plugins it names run from the given (bundle) directories, exactly that
+    version; any other name falls back to the local catalog (absent on a worker host without an authoring dir).
+
+    Bundle directories never change (engine/bundles.py), so each is parsed once per process.
+    """
+
+    _loaded: dict[Path, CatalogEntry] = {}
+    _loaded_lock = threading.Lock()
+
+    def __init__(self, base: Catalog, dirs: dict[str, Path]):
+        self.home = base.home
+        self._base = base
+        self._dirs = dirs
+
+    def names(self) -> list[str]:
+        return sorted(set(self._base.names()) | set(self._dirs))
+
+    def exists(self, name: str) -> bool:
+        return name in self._dirs or self._base.exists(name)
+
+    def get(self, name: str) -> CatalogEntry:
+        pdir = self._dirs.get(name)
+        if pdir is None:
+            return self._base.get(name)
+        with self._loaded_lock:
+            entry = self._loaded.get(pdir)
+        if entry is None:
+            try:
+                loaded = load_plugin(pdir)
+                entry = CatalogEntry(name, pdir, loaded, _integrity_problems(loaded))
+                if entry.problems:
+                    entry = CatalogEntry(name, pdir, None, entry.problems)
+            except ManifestError as exc:
+                entry = CatalogEntry(name, pdir, None, exc.findings)
+            with self._loaded_lock:
+                self._loaded[pdir] = entry
+        return entry
+
+    def validate(self, name: str) -> LoadedPlugin:
+        return self._base.validate(name)
+
+    def last_good_path(self, name: str) -> Path:
+        return self._base.last_good_path(name)
+
+    def forget(self, name: str) -> None:
+        self._base.forget(name)

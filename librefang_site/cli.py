@@ -3,7 +3,8 @@
   librefang start                 migrate, first-run setup, Redis check, then supervise daphne +
                                   LIBREFANG_WORKERS workers (a child that exits is restarted with backoff)
   librefang web                   daphne alone (for systemd or containers; see deploy/)
-  librefang worker                one hook worker
+  librefang worker [--home DIR]   one hook worker; --home sets $LIBREFANG_HOME (a worker host needs no plugins
+                                  there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name)
   librefang plugin ACTION …       list | show | scaffold | reload | enable | disable | doctor | lint | install |
                                   uninstall | update | install-deps | test-hook | use   (`librefang plugin -h`)
   librefang token ACTION …        create --role owner|admin|viewer|agent --name N | list | revoke ID|NAME
@@ -27,6 +28,23 @@ SETTINGS = "librefang_site.settings"
 COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate"}
 
 
+def _take_home(argv: list[str]) -> list[str]:
+    """`--home DIR` becomes $LIBREFANG_HOME before Django reads its settings (which is too late for an option)."""
+    out: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == "--home":
+            value = next(rest, None)
+            if not value:
+                raise SystemExit("librefang worker: --home needs a directory")
+            os.environ["LIBREFANG_HOME"] = str(Path(value).expanduser().resolve())
+        elif arg.startswith("--home="):
+            os.environ["LIBREFANG_HOME"] = str(Path(arg.split("=", 1)[1]).expanduser().resolve())
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
@@ -37,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return start()
     if argv[0] == "web":
         return web()
+    if argv[0] == "worker":
+        argv = _take_home(argv)
     from django.core.management import execute_from_command_line
 
     command = COMMANDS.get(argv[0], argv[0])

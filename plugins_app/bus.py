@@ -183,6 +183,8 @@ class Job:
     reply_to: str = ""  # the web process's reply channel ("" = only the reply list)
     signed: bool = True  # False: the entry's signature did not verify; it must never run
     origin: str = ""  # who queued it when not an agent over REST ("mcp"): its traces say so
+    bundles: dict[str, str] | None = None  # plugin -> bundle hash to run (plugins_app/services/bundles.py)
+    engine_config: str = ""  # config.toml text that goes with `bundles`
 
     @property
     def expired(self) -> bool:
@@ -210,8 +212,23 @@ def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wan
     }
     if JOB_ORIGIN.get():
         fields["origin"] = JOB_ORIGIN.get()
+    if kind in PINNED_KINDS:
+        _pin_versions(fields)
     fields["sig"] = sign(fields)
     return job_id, fields
+
+
+# Jobs that run plugin code name the exact plugin versions, when the operator turned pinning on (multi-host).
+PINNED_KINDS = ("hook", "test_hook")
+
+
+def _pin_versions(fields: dict[str, str]) -> None:
+    from plugins_app.services.bundles import job_pins
+
+    pins = job_pins()
+    if pins is not None:
+        fields["bundles"] = json.dumps(pins[0], sort_keys=True)
+        fields["engine_config"] = pins[1]
 
 
 def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
@@ -220,8 +237,12 @@ def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
         request = json.loads(fields.get("request") or "null")
         deadline = float(fields.get("deadline") or 0)
         enqueued_at = float(fields.get("enqueued_at") or 0)
+        bundles = json.loads(fields["bundles"]) if "bundles" in fields else None
+        if bundles is not None and not (isinstance(bundles, dict)
+                                        and all(isinstance(v, str) for v in bundles.values())):
+            raise ValueError("bundles must map plugin names to hashes")
     except ValueError:
-        request, deadline, enqueued_at, signed = None, 0.0, 0.0, False
+        request, deadline, enqueued_at, signed, bundles = None, 0.0, 0.0, False, None
     reply_to = fields.get("reply_to", "")
     if reply_to and not reply_to.startswith(reply_channel_prefix()):
         reply_to, signed = "", False
@@ -229,7 +250,8 @@ def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
         id=fields.get("id", entry_id), entry_id=entry_id, kind=fields.get("kind", "hook"),
         hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
         plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
-        signed=signed, origin=fields.get("origin", "")[:20],
+        signed=signed, origin=fields.get("origin", "")[:20], bundles=bundles,
+        engine_config=fields.get("engine_config", ""),
     )
 
 

@@ -167,3 +167,33 @@ class IdempotentResponse(models.Model):
     status = models.IntegerField()
     response = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class PluginBundle(models.Model):
+    """One plugin version, content-addressed (engine/bundles.py): what any worker host runs for that hash."""
+
+    hash = models.CharField(max_length=64, primary_key=True)
+    plugin = models.CharField(max_length=128, db_index=True)
+    archive = models.BinaryField()  # gzip tarball of the plugin directory's files
+    manifest = models.JSONField(default=dict)  # the parsed plugin.toml, for display without unpacking
+    size = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class ActivePlugin(models.Model):
+    """Which bundle serves a plugin now, cluster-wide. Jobs pin `bundle_hash` when they are queued."""
+
+    name = models.CharField(max_length=128, primary_key=True)
+    bundle_hash = models.CharField(max_length=64)
+    enabled = models.BooleanField(default=True)
+    retired = models.BooleanField(default=False)  # uninstalled: runs nowhere
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class EngineSetting(models.Model):
+    """The context-engine configuration shared by every host: config.toml's text as it last parsed (the web tier
+    copies it here at start and whenever the file changes)."""
+
+    key = models.CharField(max_length=40, primary_key=True)
+    text = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)

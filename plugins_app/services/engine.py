@@ -74,3 +74,37 @@ def get_engine() -> ContextEngine:
 def reset_engine() -> None:
     """Forget cached engine state (tests that switch LIBREFANG_HOME)."""
     get_engine.cache_clear()
+
+
+class _FixedConfig:
+    """The context-engine configuration a job carried, in place of the host's config.toml."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def get(self):
+        return self._cfg
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed_config(text: str):
+    from engine.config import ServiceConfig, parse_service_config
+
+    return parse_service_config(text) if text.strip() else ServiceConfig()
+
+
+def engine_for_job(bundles: dict[str, str] | None, config_text: str = "") -> ContextEngine:
+    """The engine as a job that names bundles must see it: those plugin versions and that configuration, sharing
+    the process engine's caches and pools. Without bundles: the process engine, unchanged."""
+    import copy
+
+    from engine.catalog import PinnedCatalog
+    from plugins_app.services.bundles import materialise
+
+    base = get_engine()
+    if bundles is None:
+        return base
+    view = copy.copy(base)
+    view.catalog = PinnedCatalog(base.catalog, materialise(bundles))
+    view.config = _FixedConfig(_parsed_config(config_text))
+    return view

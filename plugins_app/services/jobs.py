@@ -9,11 +9,12 @@ import time
 from django.db import IntegrityError, close_old_connections
 
 from engine import protocol as P
+from engine.bundles import BundleError
 from engine.ports import CURRENT_ORIGIN
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
-from plugins_app.services.engine import get_engine
+from plugins_app.services.engine import engine_for_job
 
 log = logging.getLogger("librefang.worker")
 
@@ -42,7 +43,10 @@ def process(job: Job, stream: JobStream) -> str:
         _store(job, JobRecord.State.EXPIRED, "", "deadline passed before a worker picked the job up", stream)
         stream.ack(job)
         return JobRecord.State.EXPIRED
-    engine = get_engine()
+    try:
+        engine = engine_for_job(job.bundles, job.engine_config)
+    except BundleError as exc:  # the version the job names cannot be fetched: never run another one instead
+        return _fail(job, stream, job.plugin, str(exc))
     if job.plugin and job.kind in PLUGIN_HOOK_KINDS and not _plugin_enabled(engine, job.plugin):
         # Checked here, at run time, whoever queued the job: a disabled plugin's code never runs.
         return _refuse_disabled(job, stream)
@@ -99,11 +103,14 @@ def _plugin_enabled(engine, name: str) -> bool:
 
 
 def _refuse_disabled(job: Job, stream: JobStream) -> str:
-    reason = f"{P.PLUGIN_DISABLED}: plugin {job.plugin!r} is disabled or not installed"
+    return _fail(job, stream, job.plugin, f"{P.PLUGIN_DISABLED}: plugin {job.plugin!r} is disabled or not installed")
+
+
+def _fail(job: Job, stream: JobStream, source: str, reason: str) -> str:
     log.warning("job %s (%s) refused: %s", job.id, job.hook, reason)
     if job.wants_reply:
         stream.reply(job, {"_engine_error": reason})
-    _store(job, JobRecord.State.FAILED, job.plugin, reason, stream)
+    _store(job, JobRecord.State.FAILED, source, reason, stream)
     stream.ack(job)
     return JobRecord.State.FAILED
 

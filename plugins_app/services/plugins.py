@@ -26,7 +26,7 @@ from engine.scaffold import ScaffoldError, plan
 from plugins_app import bus, events
 from plugins_app.models import IdempotentResponse
 from plugins_app.selectors.plugins import PluginSummary, get_plugin
-from plugins_app.services import audit
+from plugins_app.services import audit, bundles
 from plugins_app.services import config as config_service
 from plugins_app.services.engine import get_engine, home
 
@@ -95,6 +95,7 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
             raise PluginError("already_exists", f"plugin {name!r} already exists", 409) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    bundles.publish_bundle(name)
     _changed(name, "scaffolded", actor, "plugin.scaffold", {"runtime": p.runtime, "files": sorted(p.files)})
     summary = get_plugin(name)
     assert summary is not None
@@ -118,6 +119,7 @@ def reload_plugin(name: str, actor: str) -> dict:
 
     declared = loaded.manifest.hooks.declared_hooks()
     valid = hooks_valid(entry.dir, declared)
+    bundles.publish_bundle(name)
     _changed(name, "reloaded", actor, "plugin.reload", {"version": loaded.manifest.version})
     return {"status": "ok", "plugin": name, "name": name, "version": loaded.manifest.version,
             "runtime": loaded.manifest.runtime.label, "hooks": sorted(declared), "hooks_valid": valid,
@@ -134,6 +136,7 @@ def set_enabled(name: str, enabled: bool, actor: str) -> dict:
         marker.unlink(missing_ok=True)
     else:
         marker.touch()
+    bundles.set_bundle_enabled(name, enabled)
     what = "enabled" if enabled else "disabled"
     _changed(name, what, actor, f"plugin.{'enable' if enabled else 'disable'}", {"changed": was != enabled})
     return {"name": name, "enabled": enabled, "changed": was != enabled,
@@ -200,6 +203,7 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
         except IntegrityError:
             pass
     get_engine().catalog.forget(result["name"])
+    bundles.publish_bundle(result["name"])
     _changed(result["name"], "installed", actor, "plugin.install", {"source": src.to_dict(),
                                                                       "version": result["version"]})
     return result
@@ -214,6 +218,7 @@ def update_plugin(name: str, force: bool, actor: str) -> dict:
         audit.record(actor, "plugin.update", name, ok=False, details={"error": exc.message, "force": force})
         raise _from_install_error(exc) from exc
     get_engine().catalog.forget(name)
+    bundles.publish_bundle(name)
     _changed(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
     return result
 
@@ -225,6 +230,7 @@ def uninstall_plugin(name: str, actor: str) -> dict:
     except I.InstallError as exc:
         raise _from_install_error(exc) from exc
     get_engine().catalog.forget(name)
+    bundles.retire_bundle(name)
     active = name in get_engine().config.get().context_engine.chain
     result["was_active"] = active
     _changed(name, "uninstalled", actor, "plugin.uninstall", {"was_active": active})
@@ -294,6 +300,7 @@ def set_engine_config(plugin: str | None, plugin_stack: list[str] | None, actor:
         config_service.write_chain(path, plugin or None, list(plugin_stack or []) or None)
     except config_service.ConfigWriteError as exc:
         raise PluginError("config_invalid", str(exc), 409) from exc
+    bundles.publish_config()
     audit.record(actor, "engine.config", ",".join(names) or "default",
                  details={"plugin": plugin, "plugin_stack": plugin_stack})
     for n in names or ["default"]:
@@ -317,6 +324,7 @@ def install_with_deps(name: str, registry: str | None, ref: str | None, actor: s
         raise _from_install_error(exc) from exc
     for n in result["installed"]:
         get_engine().catalog.forget(n)
+        bundles.publish_bundle(n)
         _changed(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
                                                            "as_dependency_of": name if n != name else None})
     return result
@@ -425,6 +433,7 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
                           [f.to_dict() for f in exc.findings]) from exc
     config_service.atomic_write(path, text)
     get_engine().catalog.forget(name)
+    bundles.publish_bundle(name)
     _changed(name, "configured", actor, action, details)
 
 

@@ -20,9 +20,10 @@ import time
 
 from django.core.management.base import BaseCommand
 
+from engine.bundles import cache_usage
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream
-from plugins_app.services import jobs
+from plugins_app.services import bundles, jobs
 from plugins_app.services.engine import get_engine, invocation_sink
 
 log = logging.getLogger("librefang.worker")
@@ -51,6 +52,29 @@ class Backoff:
         self.delay = 0.0
 
 
+def _load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+class _BundleCacheUsage:
+    """Size of this host's bundle cache for the heartbeat, re-measured at most every 30 s (it walks the tree)."""
+
+    EVERY_SECS = 30.0
+
+    def __init__(self) -> None:
+        self._at = 0.0
+        self._value: dict = {}
+
+    def usage(self) -> dict:
+        if time.monotonic() - self._at > self.EVERY_SECS or not self._value:
+            self._value = cache_usage(bundles.cache_root())
+            self._at = time.monotonic()
+        return self._value
+
+
 class Command(BaseCommand):
     help = "Run a hook worker: consume jobs from Redis and run plugin hooks."
 
@@ -72,6 +96,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+        bundle_cache = _BundleCacheUsage()
+
         def beat() -> None:
             backoff = Backoff("heartbeat")
             while not stop.is_set():
@@ -79,7 +105,8 @@ class Command(BaseCommand):
                     with lock:
                         info = dict(stats)
                     stream.heartbeat({"pid": os.getpid(), "host": socket.gethostname(), **info,
-                                      "concurrency": concurrency, "deferred": stream.deferred_count()})
+                                      "concurrency": concurrency, "deferred": stream.deferred_count(),
+                                      "load": _load_average(), "bundle_cache": bundle_cache.usage()})
                     backoff.ok()
                     stop.wait(HEARTBEAT_EVERY_SECS)
                 except REDIS_DOWN as exc:

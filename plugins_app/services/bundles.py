@@ -1,0 +1,155 @@
+"""Plugin versions in the database, so workers on any host run the same code (engine/bundles.py).
+
+Web tier: scaffold/install/update/reload/edit publish the plugin directory as a bundle and make it the active one;
+uninstall retires it. With LIBREFANG_PIN_BUNDLES=1 every hook job names the active bundle of each enabled plugin
+and the context-engine configuration (plugins_app/bus.py, `bundles` and `engine_config`, both signed).
+
+Worker: a job that names bundles runs exactly those versions, unpacked on first use from the database into
+`$LIBREFANG_HOME/bundles/<hash>/<plugin>/` and verified against the hash. A job without them runs from the local plugin
+directory, as on a single host.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from engine import bundles as B
+from engine.config import parse_service_config
+from engine.manifest import ManifestError, load_plugin
+from plugins_app.models import ActivePlugin, EngineSetting, PluginBundle
+
+log = logging.getLogger("librefang.bundles")
+
+CONFIG_KEY = "context_engine"
+# How long the web tier reuses its view of the active bundles before asking the database again. A publish in the
+# same process takes effect at once; one in another web process within this time.
+PINS_TTL_SECS = 1.0
+
+
+def pinning_enabled() -> bool:
+    return os.environ.get("LIBREFANG_PIN_BUNDLES", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_root() -> Path:
+    return Path(settings.LIBREFANG_HOME) / "bundles"
+
+
+# ---- publishing (web tier) ----
+
+def publish_bundle(name: str) -> str | None:
+    """Store the plugin directory as a bundle and make it the active version. None when it has no valid manifest
+    (the previous active version keeps serving)."""
+    pdir = Path(settings.LIBREFANG_HOME) / "plugins" / name
+    try:
+        loaded = load_plugin(pdir)
+    except (ManifestError, OSError):
+        return None
+    digest, archive = B.pack(pdir)
+    manifest = loaded.manifest.model_dump(mode="json")
+    enabled = not (pdir / ".disabled").exists()
+    with transaction.atomic():
+        PluginBundle.objects.get_or_create(hash=digest, defaults={"plugin": name, "archive": archive,
+                                                                  "manifest": manifest, "size": len(archive)})
+        ActivePlugin.objects.update_or_create(name=name, defaults={"bundle_hash": digest, "enabled": enabled,
+                                                                   "retired": False})
+    _forget_pins()
+    return digest
+
+
+def set_bundle_enabled(name: str, enabled: bool) -> None:
+    ActivePlugin.objects.filter(name=name).update(enabled=enabled)
+    _forget_pins()
+
+
+def retire_bundle(name: str) -> None:
+    ActivePlugin.objects.filter(name=name).update(retired=True, enabled=False)
+    _forget_pins()
+
+
+def sync_config_file() -> None:
+    """Copy config.toml into the database when it changed and still parses (a broken file keeps the last copy)."""
+    path = Path(settings.LIBREFANG_HOME) / "config.toml"
+    try:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        return
+    if _config_stamp.get("stamp") == stamp:
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+        parse_service_config(text)
+    except Exception:  # a broken or half-written file: keep the copy in the database
+        return
+    EngineSetting.objects.update_or_create(key=CONFIG_KEY, defaults={"text": text})
+    _config_stamp["stamp"] = stamp
+
+
+_config_stamp: dict[str, tuple] = {}
+
+
+def publish_config() -> None:
+    """config.toml was just written by this process: copy it now, and let the next job carry it."""
+    sync_config_file()
+    _forget_pins()
+
+
+# ---- what a job pins (web tier) ----
+
+_pins: dict[str, object] = {"at": 0.0, "value": None}
+_pins_lock = threading.Lock()
+# The ORM refuses to run on an event loop's thread; the web tier enqueues from one, so the refresh runs here.
+_db_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bundle-pins")
+
+
+def _forget_pins() -> None:
+    with _pins_lock:
+        _pins["at"] = 0.0
+
+
+def job_pins() -> tuple[dict[str, str], str] | None:
+    """({plugin: bundle hash} of the enabled active plugins, config text) for a job, or None when pinning is off."""
+    if not pinning_enabled():
+        return None
+    with _pins_lock:
+        if time.monotonic() - float(_pins["at"]) < PINS_TTL_SECS and _pins["value"] is not None:
+            return _pins["value"]  # type: ignore[return-value]
+    value = _db_thread.submit(_load_pins).result(timeout=10)
+    with _pins_lock:
+        _pins["value"], _pins["at"] = value, time.monotonic()
+    return value
+
+
+def _load_pins() -> tuple[dict[str, str], str]:
+    close_old_connections()
+    sync_config_file()
+    active = dict(ActivePlugin.objects.filter(enabled=True, retired=False).values_list("name", "bundle_hash"))
+    row = EngineSetting.objects.filter(key=CONFIG_KEY).first()
+    return active, row.text if row else ""
+
+
+# ---- running a pinned job (worker) ----
+
+def materialise(pins: dict[str, str]) -> dict[str, Path]:
+    """{plugin: local read-only directory} for the job's bundles, fetching any this host does not hold yet."""
+    root = cache_root()
+    out: dict[str, Path] = {}
+    for name, digest in pins.items():
+        target = B.cached_dir(root, digest, name)
+        if not target.is_dir():
+            row = PluginBundle.objects.filter(hash=digest).only("archive").first()
+            if row is None:
+                raise B.BundleError(f"bundle {digest[:12]} of {name} is not in the database")
+            started = time.monotonic()
+            B.materialise(root, digest, name, bytes(row.archive))
+            log.info("bundle %s of %s unpacked in %.1f ms", digest[:12], name, (time.monotonic() - started) * 1000)
+        out[name] = target
+    return out

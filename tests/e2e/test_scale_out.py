@@ -1,0 +1,185 @@
+"""Scale-out on PostgreSQL: a web process and two workers whose $LIBREFANG_HOME are three different empty
+directories, sharing only Redis, the database and the bus signing key. The workers hold no plugins: every job names
+the bundle versions to run (plugins_app/services/bundles.py) and each worker fetches them from the database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.live import REPO, LiveService
+
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+PG_ADMIN_URL = f"postgres://postgres@{PG_HOST}:{PG_PORT}/postgres"
+
+
+def _postgres_answers() -> bool:
+    try:
+        with socket.create_connection((PG_HOST, PG_PORT), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _postgres_answers(), reason=f"PostgreSQL does not answer on {PG_HOST}:{PG_PORT}")
+
+
+def _admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+class Cluster(LiveService):
+    """LiveService on PostgreSQL, with bundle pinning on and each worker in a home of its own (`--home`)."""
+
+    def __init__(self, root: Path, database_url: str):
+        super().__init__(root)
+        self.env.pop("LIBREFANG_DB", None)
+        self.env.update({"DATABASE_URL": database_url, "LIBREFANG_PIN_BUNDLES": "1",
+                         "LIBREFANG_BUS_KEY_FILE": str(root / "bus_key")})
+        self.worker_homes: dict[int, Path] = {}
+
+    def start_worker(self) -> subprocess.Popen:
+        home = self.root / f"worker{len(self.worker_homes) + 1}"
+        home.mkdir()
+        env = {k: v for k, v in self.env.items() if k != "LIBREFANG_HOME"}
+        log = open(self.logs / f"{home.name}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "librefang_site.cli", "worker", "--home", str(home),
+                                 "--concurrency", "2"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.workers.append(proc)
+        self.worker_homes[proc.pid] = home
+        return proc
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    db = f"lfscale_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{db}"')
+    service = Cluster(tmp_path, f"postgres://postgres@{PG_HOST}:{PG_PORT}/{db}")
+    try:
+        service.start(workers=2)
+        yield service
+    finally:
+        service.stop()
+        _admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def ingest_hook(version: str) -> str:
+    # The data dir lies in the worker's own home, the script in the bundle the worker unpacked: together they say
+    # which worker ran which version from where.
+    return textwrap.dedent(f"""
+        import json, os, sys
+        sys.stdin.read()
+        where = os.environ["LIBREFANG_PLUGIN_DATA_DIR"] + "|" + os.path.abspath(__file__)
+        print(json.dumps({{"type": "ingest_result", "memories": [{{"content": "{version}|" + where}}]}}))
+    """).lstrip()
+
+
+AFTER_TURN = textwrap.dedent("""
+    import json, os, sys, time
+    req = json.loads(sys.stdin.read())
+    time.sleep(0.4)
+    with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "ran.log"), "a") as fh:
+        fh.write(req["messages"][0]["content"] + "\\n")
+    print(json.dumps({"type": "ok"}))
+""").lstrip()
+
+
+def ingest(cluster: Cluster, i: int) -> str:
+    status, body = cluster.hook("ingest", {"agent_id": f"agent-{i % 5}", "message": f"m{i}", "peer_id": None})
+    assert status == 200, body
+    contents = [m.get("content", "") for m in body.get("memories", [])]
+    marked = [c for c in contents if c.startswith(("v1|", "v2|"))]
+    return marked[0] if marked else f"default:{body.get('source')}:{body.get('fallback_reason')}"
+
+
+def worker_of(cluster: Cluster, marker: str) -> Path:
+    data_dir = Path(marker.split("|")[1])
+    return next(home for home in cluster.worker_homes.values() if data_dir.is_relative_to(home))
+
+
+def wait_until(cond, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
+    name = f"scale-{uuid.uuid4().hex[:6]}"
+    status, body = cluster.request("POST", "/api/plugins/scaffold",
+                                   {"name": name, "runtime": "python", "hooks": ["ingest", "after_turn"]})
+    assert status == 201, body
+    pdir = cluster.home / "plugins" / name
+    (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v1"))
+    (pdir / "hooks" / "after_turn.py").write_text(AFTER_TURN)
+    status, body = cluster.request("POST", f"/api/plugins/{name}/reload")
+    assert status == 200, body
+    status, body = cluster.request("PUT", "/api/context-engine/config", {"plugin": name})
+    assert status == 200, body
+
+    # v1 runs on both workers, from their own bundle caches
+    first = [ingest(cluster, i) for i in range(16)]
+    assert all(m.startswith("v1|") for m in first), first
+    homes = {worker_of(cluster, m) for m in first}
+    assert homes == set(cluster.worker_homes.values()), f"one worker ran everything: {first}"
+    for m in first:
+        script = Path(m.split("|")[2])
+        assert script.is_relative_to(worker_of(cluster, m) / "bundles"), m
+    for home in cluster.worker_homes.values():
+        assert not (home / "plugins" / name).exists()
+
+    # edit + reload: every later call, on either worker, runs v2 and none v1
+    (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v2"))
+    status, body = cluster.request("POST", f"/api/plugins/{name}/reload")
+    assert status == 200, body
+    second = [ingest(cluster, i) for i in range(16)]
+    assert all(m.startswith("v2|") for m in second), second
+    assert {worker_of(cluster, m) for m in second} == set(cluster.worker_homes.values()), second
+
+    # an edit without reload is not published: the workers keep running v2
+    (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v1"))
+    assert all(ingest(cluster, i).startswith("v2|") for i in range(4))
+    (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v2"))
+
+    # SIGKILL one worker with after_turn jobs in flight: the other finishes them all
+    victim, survivor = cluster.workers[0], cluster.workers[1]
+    victim_home = cluster.worker_homes[victim.pid]
+    logs = [home / "plugin_data" / name / "ran.log" for home in cluster.worker_homes.values()]
+    for i in range(16):
+        status, body = cluster.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user",
+                                                                                   "content": f"job-{i}"}]})
+        assert status == 202, body
+    victim_log = victim_home / "plugin_data" / name / "ran.log"
+    assert wait_until(victim_log.exists, 60), "the victim never ran an after_turn job"
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    cluster.workers.remove(victim)
+
+    def ran() -> set[str]:
+        return {line for log in logs if log.exists() for line in log.read_text().split()}
+
+    assert wait_until(lambda: {f"job-{i}" for i in range(16)} <= ran(), 120), sorted(ran())
+    survivor_log = cluster.worker_homes[survivor.pid] / "plugin_data" / name / "ran.log"
+    print(f"after_turn: {len(victim_log.read_text().split())} on the killed worker, "
+          f"{len(survivor_log.read_text().split())} on the survivor (at least once)")
+
+    # uninstalled: runs nowhere (the configuration still names it; agents get the default engine)
+    status, body = cluster.request("POST", "/api/plugins/uninstall", {"name": name})
+    assert status == 200, body
+    after = [ingest(cluster, i) for i in range(6)]
+    assert all(m.startswith("default:") and "not installed" in m for m in after), after
