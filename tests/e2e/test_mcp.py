@@ -13,6 +13,7 @@ import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from engine import wasm_tools as T
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
@@ -157,3 +158,22 @@ def test_it_refuses_recall_to_a_viewer_token_and_lists_only_what_it_may_call(liv
         return True
 
     assert asyncio.run(session_run(live.url + "/mcp", bearer, scenario))
+
+
+def test_it_stops_answering_a_session_whose_token_was_revoked(live):
+    from plugins_app.mcp.tokens import TOKEN_CACHE_SECS
+
+    name = f"mcp-revoked-{time.time_ns()}"
+    bearer = live.manage("token", "create", "--role", "agent", "--name", name).stdout.strip().splitlines()[-1]
+
+    async def scenario(session: ClientSession, init):
+        assert "recall" in {t.name for t in (await session.list_tools()).tools}
+        await asyncio.to_thread(live.manage, "token", "revoke", name)
+        await asyncio.sleep(TOKEN_CACHE_SECS + 0.5)  # the per-process token cache forgets it
+        with pytest.raises(MCPError, match="error response"):  # the client's error for the HTTP 401 reply
+            await asyncio.wait_for(session.list_tools(), 30)
+        return True
+
+    assert asyncio.run(session_run(live.url + "/mcp", bearer, scenario))
+    status, _ = raw_post(live, {"Authorization": f"Bearer {bearer}"})
+    assert status == 401
