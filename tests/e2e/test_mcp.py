@@ -102,6 +102,11 @@ def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live, tmp_path):
         assert not remember.is_error, remember
         assert structured(remember)["accepted"] is True and structured(remember)["job_id"]
 
+        assemble = await session.call_tool("assemble", {"agent_id": "mcp-a1", "messages": [
+            {"role": "user", "content": "fit me"}], "context_window_tokens": 4096})
+        assert not assemble.is_error, assemble
+        assert structured(assemble)["messages"][-1]["content"] == "fit me"
+
         # a WASM tool installed while the session is open: list-changed arrives, then the tool is listed
         wasm = fixture_wasm("echo")
         status, info = await asyncio.to_thread(
