@@ -5,12 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench setup clean schemathesis
+.PHONY: run test lint bench setup clean schemathesis lock
 
-$(STAMP): pyproject.toml
+# Installs exactly the versions in requirements.lock (hash-checked), then the project itself without resolving again.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,6 +40,13 @@ test: $(STAMP)
 # per operation): SCHEMATHESIS_MAX_EXAMPLES=N to change it.
 schemathesis: $(STAMP)
 	SCHEMATHESIS_MAX_EXAMPLES=$${SCHEMATHESIS_MAX_EXAMPLES:-50} $(BIN)/pytest -q tests/e2e/test_api_schemathesis.py
+
+# Re-resolve requirements.lock from pyproject.toml (the dependencies and the dev extra, with every file's hash).
+# Versions already in the lock are kept when still allowed; LOCK_ARGS=--upgrade (or -P name) moves them.
+lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet pip-tools
+	$(BIN)/pip-compile --quiet --generate-hashes --extra dev --strip-extras --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links $(LOCK_ARGS) -o requirements.lock pyproject.toml
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
