@@ -634,6 +634,10 @@ def table(results: dict) -> str:
                f"{b['ratio_to_direct_2']:.2f} x direct spawning with 2 processes "
                f"({b['direct_2_processes']['calls_per_s']:.1f}/s; target >= 1.5), p50 {b['latency']['p50_ms']:.0f} ms, "
                f"p99 {b['latency']['p99_ms']:.0f} ms, fallbacks {b['fallbacks']} (must be 0), errors {b['errors']}")
+    if "mcp" in results:
+        r, m = results["mcp"]["rest_ingest"], results["mcp"]["mcp_recall"]
+        out.append(f"MCP recall vs REST ingest (same hook, interleaved): p50 {m['p50_ms']:.1f} vs {r['p50_ms']:.1f} ms "
+                   f"= {m['ratio_p50']:.2f} x (goal <= 1.2), p99 {m['p99_ms']:.1f} vs {r['p99_ms']:.1f} ms")
     s = results["stderr"]
     lat, burst = s["latency"], s["burst"]
     out.append("")
@@ -684,6 +688,9 @@ def main() -> int:
         results["rest"]["warm"] = phase_rest(service, spawn, "warm")
         results["throughput"]["rest_warm"] = phase_throughput(service, spawn, "warm", results["throughput"]["direct"])
         results["burst"] = phase_burst(service, spawn)
+        from bench.mcp_bench import phase_mcp  # imports this module: loaded only once it is complete
+
+        results["mcp"] = phase_mcp(service)
         results["stderr"] = phase_stderr(service)
         results["memory"] = phase_memory(service)
     finally:
