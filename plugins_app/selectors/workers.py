@@ -25,6 +25,7 @@ def workers_by_host(heartbeats: Iterable[dict], now: float | None = None) -> lis
     """[{host, workers: [{name, pid, uptime_s, started_at, concurrency, running, processed, beat_age_s, late}]}]."""
     now = now or time.time()
     hosts: dict[str, list[dict]] = {}
+    host_facts: dict[str, dict] = {}
     for w in heartbeats:
         started = w.get("started_at")
         beat = _beat_at(w)
@@ -38,9 +39,22 @@ def workers_by_host(heartbeats: Iterable[dict], now: float | None = None) -> lis
         }
         row["late"] = row["beat_age_s"] is not None and row["beat_age_s"] > LATE_AFTER_SECS
         hosts.setdefault(str(w.get("host") or "?"), []).append(row)
+        _note_host_facts(host_facts.setdefault(str(w.get("host") or "?"), {}), w, beat or 0.0)
     return [{"host": h, "workers": sorted(ws, key=lambda r: (r["pid"] or 0)),
-             "concurrency": sum(r["concurrency"] or 0 for r in ws), "running": sum(r["running"] or 0 for r in ws)}
+             "concurrency": sum(r["concurrency"] or 0 for r in ws), "running": sum(r["running"] or 0 for r in ws),
+             **{k: v for k, v in host_facts.get(h, {}).items() if not k.startswith("_")}}
             for h, ws in sorted(hosts.items())]
+
+
+def _note_host_facts(facts: dict, w: dict, beat: float) -> None:
+    """Per host: the load average of its latest heartbeat and the largest bundle cache its workers report (workers
+    sharing a $LIBREFANG_HOME share one cache)."""
+    load = w.get("load")
+    if isinstance(load, list) and load and beat >= facts.get("_load_beat", -1.0):
+        facts["load"], facts["_load_beat"] = load, beat
+    cache = w.get("bundle_cache")
+    if isinstance(cache, dict) and cache.get("bytes", 0) >= facts.get("bundle_cache", {}).get("bytes", -1):
+        facts["bundle_cache"] = cache
 
 
 def job_outcomes(since: dt.datetime) -> dict:

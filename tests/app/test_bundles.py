@@ -153,3 +153,19 @@ def test_a_worker_without_the_plugin_runs_exactly_the_version_the_job_names(home
     assert new.startswith("v2 ") and old.startswith("v1 ")  # a job queued before the reload keeps its version
     assert new.split()[1].startswith(str(worker_home / "bundles"))
     assert not (worker_home / "plugins" / name).exists()
+
+
+@pytest.mark.django_db
+def test_it_shows_each_hosts_load_and_bundle_cache_on_the_workers_page(client):
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("reader", "", "pw"))
+    stream = bus.JobStream(consumer=f"test-worker-{uuid.uuid4().hex[:6]}")
+    stream.ensure_group()
+    stream.heartbeat({"pid": 434343, "host": "box-b", "processed": 1, "inflight": 0, "concurrency": 4,
+                      "load": [1.5, 0.75, 0.25], "bundle_cache": {"bundles": 3, "bytes": 2048}})
+    try:
+        html = client.get("/workers/").content.decode()
+        assert "box-b" in html and "load 1.5 0.75 0.25" in html and "3 bundles cached (2.0\xa0KB)" in html
+    finally:
+        stream.retire()

@@ -143,6 +143,16 @@ def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
     for home in cluster.worker_homes.values():
         assert not (home / "plugins" / name).exists()
 
+    def heartbeats() -> list[dict]:
+        return cluster.request("GET", "/api/health", auth=False)[1]["workers"]
+
+    # each worker says where it runs, how busy the host is and what its bundle cache holds
+    assert wait_until(lambda: len(heartbeats()) == 2 and all(
+        w.get("bundle_cache", {}).get("bundles", 0) >= 1 for w in heartbeats()), 20), heartbeats()
+    for beat in heartbeats():
+        assert beat["pid"] in cluster.worker_homes and beat["host"] == socket.gethostname()
+        assert beat["concurrency"] == 2 and len(beat["load"]) == 3 and beat["bundle_cache"]["bytes"] > 0
+
     # edit + reload: every later call, on either worker, runs v2 and none v1
     (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v2"))
     status, body = cluster.request("POST", f"/api/plugins/{name}/reload")

@@ -60,18 +60,25 @@ def _load_average() -> list[float]:
 
 
 class _BundleCacheUsage:
-    """Size of this host's bundle cache for the heartbeat, re-measured at most every 30 s (it walks the tree)."""
+    """Size of this host's bundle cache for the heartbeat: re-measured (a walk of the tree) when the list of
+    bundles changes, and at least every 60 s."""
 
-    EVERY_SECS = 30.0
+    EVERY_SECS = 60.0
 
     def __init__(self) -> None:
         self._at = 0.0
+        self._names: list[str] | None = None
         self._value: dict = {}
 
     def usage(self) -> dict:
-        if time.monotonic() - self._at > self.EVERY_SECS or not self._value:
-            self._value = cache_usage(bundles.cache_root())
-            self._at = time.monotonic()
+        root = bundles.cache_root()
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            names = []
+        if names != self._names or time.monotonic() - self._at > self.EVERY_SECS:
+            self._value = cache_usage(root)
+            self._names, self._at = names, time.monotonic()
         return self._value
 
 
