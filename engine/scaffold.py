@@ -333,7 +333,11 @@ _GO = {
 		}
 	}
 	keep := map[int]bool{}
-	for _, i := range unpinned[max(0, len(unpinned)-10):] {
+	from := len(unpinned) - 10 // no builtin max before Go 1.21
+	if from < 0 {
+		from = 0
+	}
+	for _, i := range unpinned[from:] {
 		keep[i] = true
 	}
 	kept := []interface{}{}
