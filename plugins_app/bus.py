@@ -223,9 +223,12 @@ PINNED_KINDS = ("hook", "test_hook")
 
 
 def _pin_versions(fields: dict[str, str]) -> None:
-    from plugins_app.services.bundles import job_pins
+    from plugins_app.services.bundles import PinsUnavailable, job_pins
 
-    pins = job_pins()
+    try:
+        pins = job_pins()
+    except PinsUnavailable as exc:  # callers treat it like Redis down: the agent gets the default engine
+        raise BusUnavailable(str(exc)) from exc
     if pins is not None:
         fields["bundles"] = json.dumps(pins[0], sort_keys=True)
         fields["engine_config"] = pins[1]

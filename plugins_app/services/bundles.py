@@ -32,6 +32,11 @@ CONFIG_KEY = "context_engine"
 # How long the web tier reuses its view of the active bundles before asking the database again. A publish in the
 # same process takes effect at once; one in another web process within this time.
 PINS_TTL_SECS = 1.0
+PINS_LOAD_TIMEOUT_SECS = 3.0
+
+
+class PinsUnavailable(Exception):
+    """No view of the active plugin versions yet and the database does not answer: a job cannot name them."""
 
 
 def pinning_enabled() -> bool:
@@ -122,7 +127,16 @@ def job_pins() -> tuple[dict[str, str], str] | None:
     with _pins_lock:
         if time.monotonic() - float(_pins["at"]) < PINS_TTL_SECS and _pins["value"] is not None:
             return _pins["value"]  # type: ignore[return-value]
-    value = _db_thread.submit(_load_pins).result(timeout=10)
+    try:
+        value = _db_thread.submit(_load_pins).result(timeout=PINS_LOAD_TIMEOUT_SECS)
+    except Exception as exc:  # the database is slow or down: keep naming the versions we last knew
+        with _pins_lock:
+            stale = _pins["value"]
+        if stale is None:
+            raise PinsUnavailable(f"cannot read the active plugin versions: {type(exc).__name__}: {exc}") from exc
+        log.warning("active plugin versions not refreshed (%s: %s); jobs name the last known ones",
+                    type(exc).__name__, exc)
+        return stale  # type: ignore[return-value]
     with _pins_lock:
         _pins["value"], _pins["at"] = value, time.monotonic()
     return value
@@ -131,9 +145,32 @@ def job_pins() -> tuple[dict[str, str], str] | None:
 def _load_pins() -> tuple[dict[str, str], str]:
     close_old_connections()
     sync_config_file()
+    if not _backfilled:
+        publish_unpublished()
+        _backfilled.append(True)
     active = dict(ActivePlugin.objects.filter(enabled=True, retired=False).values_list("name", "bundle_hash"))
     row = EngineSetting.objects.filter(key=CONFIG_KEY).first()
     return active, row.text if row else ""
+
+
+_backfilled: list[bool] = []
+
+
+def publish_unpublished() -> list[str]:
+    """Publish the plugins of this host's plugin directory that the database has never seen (installed before
+    bundles existed, or copied in by hand); run once per web process, before its first pinned job."""
+    root = Path(settings.LIBREFANG_HOME) / "plugins"
+    if not root.is_dir():
+        return []
+    known = set(ActivePlugin.objects.values_list("name", flat=True))
+    done = []
+    for pdir in sorted(root.iterdir()):
+        if pdir.is_dir() and pdir.name not in known and (pdir / "plugin.toml").is_file():
+            if publish_bundle(pdir.name):
+                done.append(pdir.name)
+    if done:
+        log.warning("published %d plugin(s) the database did not know: %s", len(done), ", ".join(done))
+    return done
 
 
 # ---- running a pinned job (worker) ----

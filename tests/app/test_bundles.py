@@ -169,3 +169,13 @@ def test_it_shows_each_hosts_load_and_bundle_cache_on_the_workers_page(client):
         assert "box-b" in html and "load 1.5 0.75 0.25" in html and "3 bundles cached (2.0\xa0KB)" in html
     finally:
         stream.retire()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_publishes_plugins_installed_before_bundles_existed(home, pinning, monkeypatch):
+    from tests.plugin_factory import make_plugin
+
+    make_plugin(home.plugins_dir, "legacy-one", {"ingest": "print(1)"})
+    monkeypatch.setattr(bundles, "_backfilled", [])
+    pins, _ = bundles.job_pins()
+    assert pins["legacy-one"] == ActivePlugin.objects.get(name="legacy-one").bundle_hash
