@@ -69,6 +69,14 @@ def publish_bundle(name: str) -> str | None:
     return digest
 
 
+def active_version(name: str) -> dict | None:
+    """What the plugin page shows: the active bundle hash, and whether jobs pin it (workers on many hosts)."""
+    row = ActivePlugin.objects.filter(name=name, retired=False).first()
+    if row is None:
+        return None
+    return {"hash": row.bundle_hash, "short": row.bundle_hash[:12], "pinned": pinning_enabled()}
+
+
 def set_bundle_enabled(name: str, enabled: bool) -> None:
     ActivePlugin.objects.filter(name=name).update(enabled=enabled)
     _forget_pins()

@@ -19,6 +19,7 @@ from plugins_app.forms import CreatePluginForm, InstallForm, TestHookForm
 from plugins_app.selectors import dashboard
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors.examples import example_request
+from plugins_app.services import bundles
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services.engine import get_engine
@@ -94,6 +95,7 @@ def plugin_detail(request, name: str):
         "traces": dashboard.recent_traces(name), "audit": dashboard.audit(15, target=name),
         "stderr_backlog": events.tail(name)[-200:],
         "snippets": dashboard.curl_snippets(request.build_absolute_uri("/").rstrip("/"), name, declared),
+        "bundle": bundles.active_version(name),
     })
 
 

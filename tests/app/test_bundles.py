@@ -179,3 +179,15 @@ def test_it_publishes_plugins_installed_before_bundles_existed(home, pinning, mo
     monkeypatch.setattr(bundles, "_backfilled", [])
     pins, _ = bundles.job_pins()
     assert pins["legacy-one"] == ActivePlugin.objects.get(name="legacy-one").bundle_hash
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_plugin_page_names_the_version_every_host_runs_and_that_disk_state_is_per_host(home, pinning, client):
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("reader", "", "pw"))
+    name = f"b-{uuid.uuid4().hex[:6]}"
+    plugin_service.scaffold_plugin(name, "", "python", ["ingest"], actor="test")
+    digest = ActivePlugin.objects.get(name=name).bundle_hash
+    html = client.get(f"/plugins/{name}/").content.decode()
+    assert f'data-bundle="{digest}"' in html and digest[:12] in html and "are per host" in html
