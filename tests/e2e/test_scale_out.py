@@ -65,6 +65,7 @@ class Cluster(LiveService):
 
 @pytest.fixture
 def cluster(tmp_path):
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
     db = f"lfscale_{uuid.uuid4().hex[:10]}"
     _admin(f'CREATE DATABASE "{db}"')
     service = Cluster(tmp_path, f"postgres://postgres@{PG_HOST}:{PG_PORT}/{db}")
