@@ -195,7 +195,9 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
                 parts.append(f'<tr id="plugin-row-{_safe_id(name)}" hx-swap-oob="delete"></tr>')
             elif what in ("created", "installed", "scaffolded"):
                 parts.append(render_to_string("plugins_app/partials/plugin_row_new.html", {"row": row}))
-                other.append('<div id="plugins-empty" hx-swap-oob="delete"></div>')
+                # hide the empty-state message by swapping in a hidden stand-in: the target always exists, so
+                # a second "created" in a row never swaps into nothing (htmx:oobErrorNoTarget)
+                other.append('<div id="plugins-empty" hx-swap-oob="outerHTML" hidden></div>')
             else:
                 parts.append(render_to_string("plugins_app/partials/plugin_row.html", {"row": row, "oob": True}))
     elif view == "plugin":

@@ -177,7 +177,7 @@ async def test_it_adds_and_removes_plugin_rows_when_plugins_come_and_go(home, us
     rows = await comm.receive_from(timeout=5)
     assert '<tbody hx-swap-oob="beforeend:#plugin-rows"><tr id="plugin-row-theta"' in rows
     other = await comm.receive_from(timeout=5)
-    assert '<div id="plugins-empty" hx-swap-oob="delete">' in other
+    assert '<div id="plugins-empty" hx-swap-oob="outerHTML" hidden>' in other
     assert '<p id="engine-summary" class="muted" hx-swap-oob="outerHTML">' in other
     import shutil
 
