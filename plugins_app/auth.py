@@ -66,6 +66,21 @@ ACTION_ROLES: dict[str, str] = {
     "tools_enable": Role.ADMIN,
     "tools_disable": Role.ADMIN,
     "tools_remove": Role.ADMIN,
+    # LibreFang's extra plugin routes (plugins_app/api/plugins.py), also controls of the dashboard
+    # (plugins_app/views/parity.py).
+    "plugins_benchmark": Role.OWNER,
+    "plugins_batch": Role.OWNER,
+    "plugins_install_with_deps": Role.OWNER,
+    "plugins_env_set": Role.OWNER,
+    "plugins_advanced_config_set": Role.OWNER,
+    "plugins_export": Role.ADMIN,
+    "plugins_state_wipe": Role.ADMIN,
+    "plugins_update_check": Role.VIEWER,
+    "plugins_state": Role.VIEWER,
+    "plugins_env": Role.VIEWER,
+    "plugins_registry_search": Role.VIEWER,
+    "context_engine_metrics_per_agent": Role.VIEWER,
+    "context_engine_sandbox_policy": Role.VIEWER,
     "tokens_manage": Role.OWNER,  # dashboard only: API tokens are created with `librefang token create`
 }
 

@@ -6,6 +6,7 @@ from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
 from plugins_app.views import mcp as mcp_views
 from plugins_app.views import monitoring as monitoring_views
+from plugins_app.views import parity as parity_views
 from plugins_app.views import plugins as plugin_views
 from plugins_app.views import tokens as token_views
 from plugins_app.views import tools as tool_views
@@ -22,6 +23,20 @@ urlpatterns = [
     path("plugins/<str:name>/", plugin_views.plugin_detail, name="plugin_detail"),
     path("plugins/<str:name>/test-hook/", plugin_views.plugin_test_hook, name="plugin_test_hook"),
     path("plugins/<str:name>/test-hook/example/", plugin_views.plugin_test_example, name="plugin_test_example"),
+    # LibreFang's extra routes as dashboard controls (declared before plugin_action, which takes any action word)
+    path("batch/", parity_views.batch_panel, name="parity_batch_panel"),
+    path("batch/run/", parity_views.batch, name="parity_batch"),
+    path("install/registry/", parity_views.registry_browser, name="parity_registry"),
+    path("install/registry/install/", parity_views.registry_install, name="parity_registry_install"),
+    path("engine/extras/", parity_views.engine_extras, name="parity_engine"),
+    path("plugins/<str:name>/benchmark/", parity_views.benchmark, name="parity_benchmark"),
+    path("plugins/<str:name>/export.tar.gz", parity_views.export, name="parity_export"),
+    path("plugins/<str:name>/update-check/", parity_views.update_check, name="parity_update_check"),
+    path("plugins/<str:name>/state/", parity_views.state, name="parity_state"),
+    path("plugins/<str:name>/state/wipe/", parity_views.state_wipe, name="parity_state_wipe"),
+    path("plugins/<str:name>/config/", parity_views.config, name="parity_config"),
+    path("plugins/<str:name>/config/env/", parity_views.env_set, name="parity_env_set"),
+    path("plugins/<str:name>/config/advanced/", parity_views.advanced_set, name="parity_advanced_set"),
     path("plugins/<str:name>/<str:action>/", plugin_views.plugin_action, name="plugin_action"),
     # Context engine, doctor, tokens
     path("engine/", engine_views.engine_page, name="engine"),
