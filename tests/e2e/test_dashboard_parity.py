@@ -36,6 +36,8 @@ def test_it_benchmarks_on_a_worker_and_wipes_state_through_the_confirm(logged_in
         dialog.accept()
     page.on("dialog", accept)
     page.screenshot(path=str(screenshot_dir / "parity_plugin_1280.png"), full_page=True)
+    page.locator("#parity-ops").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir / "parity_plugin_1280_controls.png"))
     page.set_viewport_size({"width": 390, "height": 844})
     page.screenshot(path=str(screenshot_dir / "parity_plugin_390.png"), full_page=True)
     page.locator("#parity-ops").scroll_into_view_if_needed()
