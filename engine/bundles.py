@@ -17,6 +17,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from engine.filecache import tree_size
 from engine.install import file_hashes
 from engine.manifest import NAME_RE
 
@@ -97,12 +98,7 @@ def cache_usage(cache_root: Path) -> dict:
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
             count += 1
-            for dirpath, _dirs, names in os.walk(entry):
-                for name in names:
-                    try:
-                        size += os.lstat(os.path.join(dirpath, name)).st_size
-                    except OSError:
-                        pass
+            size += tree_size(entry)
     return {"bundles": count, "bytes": size}
 
 

@@ -63,3 +63,15 @@ def confine(root: Path, rel: str, what: str = "path", where: str = "the director
     if not target.is_relative_to(real_root):
         raise ValueError(f"{what} {rel!r} resolves outside {where}")
     return target
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Bytes in the files below `path` (symlinks counted as links, unreadable files skipped)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total

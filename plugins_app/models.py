@@ -69,12 +69,11 @@ class HookMetric(models.Model):
         ordering = ["plugin", "hook"]
 
 
-class HookMetricBucket(models.Model):
-    """Per-minute agent-traffic counts and latency sketch: charts and percentiles over any time range."""
+class _MetricPeriod(models.Model):
+    """The figures kept per plugin × hook × period (a minute or an hour)."""
 
     plugin = models.CharField(max_length=128)
     hook = models.CharField(max_length=32)
-    minute = models.DateTimeField()
     calls = models.IntegerField(default=0)
     failures = models.IntegerField(default=0)
     latency_ms_total = models.FloatField(default=0)
@@ -83,22 +82,23 @@ class HookMetricBucket(models.Model):
     console_failures = models.IntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class HookMetricBucket(_MetricPeriod):
+    """Per-minute agent-traffic counts and latency sketch: charts and percentiles over any time range."""
+
+    minute = models.DateTimeField()
+
+    class Meta:
         constraints = [models.UniqueConstraint(fields=["plugin", "hook", "minute"], name="uniq_bucket")]
         indexes = [models.Index(fields=["minute"])]
 
 
-class HookMetricHour(models.Model):
+class HookMetricHour(_MetricPeriod):
     """The same figures per hour: long chart ranges (7 days) read 60× fewer rows than from the minute buckets."""
 
-    plugin = models.CharField(max_length=128)
-    hook = models.CharField(max_length=32)
     hour = models.DateTimeField()
-    calls = models.IntegerField(default=0)
-    failures = models.IntegerField(default=0)
-    latency_ms_total = models.FloatField(default=0)
-    histogram = models.JSONField(default=dict)  # latency sketch, see engine/quantiles.py
-    console_calls = models.IntegerField(default=0)
-    console_failures = models.IntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["plugin", "hook", "hour"], name="uniq_hour_bucket")]

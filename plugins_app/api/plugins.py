@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
 
 from engine import hooks as H
+from engine.filecache import tree_size
 from plugins_app.api.context_engine import optional_body_openapi, validated
 from plugins_app.api.errors import ApiError, json_body, json_response
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
@@ -182,7 +183,7 @@ def status(request, name: str = PluginPath):
     return json_response({
         "name": name, "version": summary.version, "description": summary.description,
         "hooks_valid": summary.hooks_valid, "valid": summary.valid, "path": summary.path,
-        "size_bytes": state_selectors.tree_size(summary.path), "enabled": summary.enabled,
+        "size_bytes": tree_size(summary.path), "enabled": summary.enabled,
         "active": name in cfg["serving"], "active_as_single": cfg["mode"] == "single" and chain == [name],
         "stack_position": chain.index(name) if name in chain else None,
     })

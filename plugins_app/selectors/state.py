@@ -11,6 +11,7 @@ from django.db.models import Avg, Count, Max, Q, Sum
 from django.utils import timezone
 
 from engine.catalog import LAST_GOOD_FILE
+from engine.filecache import tree_size
 from engine.requirements import VENV_DIRS
 from plugins_app.models import HookTrace
 from plugins_app.services.engine import get_engine, home
@@ -19,18 +20,6 @@ MAX_FILES_LISTED = 500
 # Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
 # loaded (engine/catalog.py). State routes neither list nor wipe them.
 SERVICE_OWNED = frozenset(VENV_DIRS) | {LAST_GOOD_FILE}
-
-
-def tree_size(path: str) -> int:
-    """Bytes in the files below `path` (symlinks counted as links, unreadable files skipped)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
 SECRET_WORDS = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL|PASSWD", re.IGNORECASE)
 
 
