@@ -1,7 +1,7 @@
 """New plugin directories from templates, one set per runtime. Every template speaks the protocol (reads the JSON
 request from stdin, prints one JSON reply line) and runs as written.
 
-Differences from LibreFang's scaffold (research §6): `runtime` goes INSIDE `[hooks]` (LibreFang puts it at the top
+Differences from LibreFang's scaffold: `runtime` goes INSIDE `[hooks]` (LibreFang puts it at the top
 level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine.wasm.
 """
 

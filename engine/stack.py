@@ -1,5 +1,5 @@
 """The context engine as agents see it: the configured plugin or plugin_stack, with the default engine as the
-fallback for every failure. Per-hook stack semantics follow DESIGN.md §4."""
+fallback for every failure. Per-hook stack semantics, and where they differ from LibreFang: docs/compatibility.md."""
 
 from __future__ import annotations
 
