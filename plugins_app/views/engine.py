@@ -53,7 +53,7 @@ def engine_config(request):
             status = exc.status if 400 <= exc.status < 500 else 400
     else:
         status = 400
-    template = "plugins_app/partials/engine_config.html" if request.headers.get("HX-Request") else "plugins_app/engine.html"
+    template = "plugins_app/partials/engine_config.html" if request.htmx else "plugins_app/engine.html"
     return render(request, template, _context(form, outcome), status=status)
 
 

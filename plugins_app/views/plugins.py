@@ -112,7 +112,7 @@ def plugin_action(request, name: str, action: str):
         if action == "uninstall":
             plugin_service.uninstall_plugin(name, actor(request))
             messages.success(request, f"{name} was uninstalled.")
-            if request.headers.get("HX-Request"):
+            if request.htmx:
                 return HttpResponse(status=204, headers={"HX-Redirect": reverse("plugin_list")})
             return redirect("plugin_list")
         if action == "reload":
@@ -131,7 +131,7 @@ def plugin_action(request, name: str, action: str):
     except plugin_service.PluginError as exc:
         ok, message, details = False, exc.message, exc.details if isinstance(exc.details, list) else []
     plugin = plugin_selectors.get_plugin(name, _lang(request))
-    if not request.headers.get("HX-Request"):
+    if not request.htmx:
         return redirect("plugin_detail", name=name)
     return render(request, "plugins_app/partials/action_feedback.html", {
         "ok": ok, "message": message, "details": details, "plugin": plugin, "action": action,
