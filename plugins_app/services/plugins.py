@@ -437,26 +437,31 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
     _changed(name, "configured", actor, action, details)
 
 
+def _set_keys(doc, table_name: str, changes: dict[str, Any]) -> None:
+    """Set keys of one plugin.toml table (created when missing); a None value removes the key."""
+    import tomlkit
+
+    table = doc.get(table_name)
+    if table is None:
+        table = tomlkit.table()
+        doc[table_name] = table
+    for k, v in changes.items():
+        if v is None:
+            table.pop(k, None)
+        else:
+            table[k] = v
+
+
 def set_env(name: str, env: dict[str, str | None], actor: str) -> dict:
     """Set (or, with null, remove) keys of the plugin's [env]. Hooks get them on their next call."""
     import re
-
-    import tomlkit
 
     bad = [k for k in env if not re.match(ENV_NAME, k)]
     if bad:
         raise PluginError("invalid_env", f"not an environment variable name: {', '.join(map(repr, bad))}", 400)
 
     def edit(doc):
-        table = doc.get("env")
-        if table is None:
-            table = tomlkit.table()
-            doc["env"] = table
-        for k, v in env.items():
-            if v is None:
-                table.pop(k, None)
-            else:
-                table[k] = str(v)
+        _set_keys(doc, "env", {k: None if v is None else str(v) for k, v in env.items()})
     _edit_manifest(name, edit, actor, "plugin.env", {"set": sorted(k for k, v in env.items() if v is not None),
                                                      "removed": sorted(k for k, v in env.items() if v is None)})
     from plugins_app.selectors.state import plugin_env
@@ -467,23 +472,13 @@ def set_env(name: str, env: dict[str, str | None], actor: str) -> dict:
 def set_advanced_config(name: str, changes: dict[str, Any], actor: str) -> dict:
     """Change [hooks] execution settings (timeout, retries, caches, sandbox switches, limits); null removes a
     setting (its default applies). Validated as a whole manifest before anything is written."""
-    import tomlkit
-
     unknown = sorted(set(changes) - set(ADVANCED_KEYS))
     if unknown:
         raise PluginError("invalid_config", f"not an advanced setting: {', '.join(unknown)}; settable: "
                                             f"{', '.join(ADVANCED_KEYS)}", 400)
 
     def edit(doc):
-        hooks = doc.get("hooks")
-        if hooks is None:
-            hooks = tomlkit.table()
-            doc["hooks"] = hooks
-        for k, v in changes.items():
-            if v is None:
-                hooks.pop(k, None)
-            else:
-                hooks[k] = v
+        _set_keys(doc, "hooks", changes)
     _edit_manifest(name, edit, actor, "plugin.advanced_config", {"changed": sorted(changes)})
     from plugins_app.selectors.state import advanced_config
 
