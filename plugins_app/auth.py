@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from plugins_app.models import ApiToken, Role
@@ -36,6 +38,36 @@ def lookup(raw: str | None) -> ApiToken | None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+class TokenCache:
+    """Looked-up tokens kept for `secs` per process, for callers that see the same token many times a second (agents
+    on the hook routes, MCP clients on every message): one query per token per `secs` instead of one per call, and
+    no hop to Django's sync thread on a hit. A revoked token or a changed role takes effect within `secs`."""
+
+    def __init__(self, secs: float = 5.0, max_entries: int = 1000):
+        self.secs = secs
+        self.max_entries = max_entries
+        self.entries: dict[str, tuple[float, ApiToken]] = {}
+
+    async def lookup(self, raw: str) -> ApiToken | None:
+        if not raw:
+            return None
+        key = hash_token(raw.strip())
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        found = await sync_to_async(lookup)(raw)
+        if found is None:
+            self.entries.pop(key, None)
+            return None
+        if len(self.entries) >= self.max_entries:
+            self.entries.clear()
+        self.entries[key] = (time.monotonic() + self.secs, found)
+        return found
+
+
+token_cache = TokenCache()
 
 
 def allows(token: ApiToken, required: str) -> bool:

@@ -2,10 +2,7 @@
 
 
 
-import time
-from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
 from pydantic import Field
@@ -14,7 +11,7 @@ from pydantic import ValidationError as PydanticValidationError
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
 from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
-from plugins_app.auth import allows, hash_token, lookup
+from plugins_app.auth import allows, token_cache
 from plugins_app.models import Role
 from plugins_app.schemas import (
     HOOK_REQUEST_SCHEMAS,
@@ -79,34 +76,22 @@ def inline_schema(schema: type[Schema]) -> dict:
 
 
 class CachedHookAuth(TokenAuth):
-    """The hook routes' bearer auth, without a thread hop or a query per call: agents call many times a second with
-    the same token, so a looked-up token is kept for TOKEN_CACHE_SECS (a revoked token or a changed role takes
-    effect within that time). Only a miss takes the hop to Django's sync thread for its query."""
+    """The hook routes' bearer auth through the per-process token cache (plugins_app/auth.py TokenCache): agents
+    call many times a second with the same token, so only a cache miss costs a query and a thread hop."""
 
-    TOKEN_CACHE_SECS = 5.0
-    CACHE_MAX = 1000
     is_async = True  # django-ninja awaits __call__
 
     def __init__(self, required: str):
         super().__init__(required)
-        self._cache: dict[str, tuple[float, Any]] = {}
+        self._cache = token_cache.entries
 
     async def __call__(self, request: HttpRequest):  # type: ignore[override]
         scheme, _, raw = (request.headers.get(self.header) or "").partition(" ")
         if scheme.lower() != "bearer" or not raw:
             return None
-        key = hash_token(raw.strip())
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > time.monotonic():
-            found = hit[1]
-        else:
-            found = await sync_to_async(lookup)(raw)
-            if found is None:
-                self._cache.pop(key, None)
-                return None
-            if len(self._cache) >= self.CACHE_MAX:
-                self._cache.clear()
-            self._cache[key] = (time.monotonic() + self.TOKEN_CACHE_SECS, found)
+        found = await token_cache.lookup(raw)
+        if found is None:
+            return None
         if not allows(found, self.required):
             raise ApiError(403, "forbidden", f"this route needs the {self.required} role; the token has "
                                              f"{found.role}")

@@ -1,21 +1,12 @@
-"""Bearer tokens for /mcp: the API's tokens (plugins_app/auth.py), looked up once per TOKEN_CACHE_SECS per process.
-
-An MCP client sends its token on every POST of a session; a query per message would cost more than the call. A
-revoked token or a changed role takes effect within the cache time, as for the hook routes
-(plugins_app/api/context_engine.py CachedHookAuth)."""
+"""Bearer tokens for /mcp: the API's tokens, through the same per-process cache as the hook routes
+(plugins_app/auth.py TokenCache): an MCP client sends its token on every POST of a session."""
 
 from __future__ import annotations
 
-import time
-
-from asgiref.sync import sync_to_async
-
-from plugins_app.auth import hash_token, lookup, role_may
+from plugins_app.auth import role_may, token_cache
 from plugins_app.models import ApiToken, Role
 
-TOKEN_CACHE_SECS = 5.0
-CACHE_MAX = 1000
-_cache: dict[str, tuple[float, ApiToken]] = {}
+TOKEN_CACHE_SECS = token_cache.secs  # how long a revoked token may still open a session
 
 
 def bearer(headers: list[tuple[bytes, bytes]] | dict) -> str:
@@ -31,21 +22,8 @@ def bearer(headers: list[tuple[bytes, bytes]] | dict) -> str:
 
 
 async def resolve(raw: str) -> ApiToken | None:
-    """The active token for `raw`, from the cache or one query."""
-    if not raw:
-        return None
-    key = hash_token(raw)
-    hit = _cache.get(key)
-    if hit is not None and hit[0] > time.monotonic():
-        return hit[1]
-    found = await sync_to_async(lookup)(raw)
-    if found is None:
-        _cache.pop(key, None)
-        return None
-    if len(_cache) >= CACHE_MAX:
-        _cache.clear()
-    _cache[key] = (time.monotonic() + TOKEN_CACHE_SECS, found)
-    return found
+    """The active token for `raw`, from the per-process cache the hook routes use too, or one query."""
+    return await token_cache.lookup(raw)
 
 
 def may_call_hooks(role: str) -> bool:
