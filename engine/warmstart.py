@@ -337,6 +337,12 @@ def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
     return z
 
 
+def ensure(launcher: str, env: Mapping[str, str]) -> bool:
+    """Start the zygote for `launcher` with the start-up part of `env` now (prewarm), so the next call does not
+    pay for it. True when one is running."""
+    return _get(launcher, env) is not None
+
+
 def spawn(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
     """Fork the hook `argv = [python, script]` from its zygote, inside `sandbox` (engine.sandbox.SandboxSpec); None
     means: spawn it normally instead."""
