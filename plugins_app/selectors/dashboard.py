@@ -269,6 +269,11 @@ def name_problem(name: str) -> str | None:
 
 # ---- tokens and audit ----
 
+def live_token(pk) -> ApiToken | None:
+    """The token with this id, unless it was revoked since (the one-time display of a new token's secret)."""
+    return ApiToken.objects.filter(pk=pk, revoked_at__isnull=True).first()
+
+
 def tokens() -> list[ApiToken]:
     return list(ApiToken.objects.select_related("created_by").order_by("revoked_at", "-created_at")[:200])
 

@@ -35,8 +35,8 @@ def tokens_page(request):
     created = None
     shown = request.session.pop(NEW_TOKEN_KEY, None)  # one view only: a refresh no longer shows the secret
     if shown:
-        token = ApiToken.objects.filter(pk=shown.get("id")).first()
-        if token is not None and token.revoked_at is None:
+        token = dashboard.live_token(shown.get("id"))
+        if token is not None:
             created = {"token": token, "raw": shown.get("raw", "")}
     return _page(request, created=created)
 
