@@ -84,6 +84,9 @@ class LeanHookRoutes:
             return None
         if not self._settings_read:
             self._extra, self._settings_read = _middleware_headers(), True
+            if self._extra is None:
+                log.warning("hook calls go through Django's middleware: the settings differ from what "
+                            "plugins_app/api/hook_asgi.py stands in for (STOOD_IN_FOR)")
         return match.group(1) if self._extra is not None else None
 
     async def __call__(self, scope, receive, send):

@@ -314,3 +314,19 @@ async def test_a_tokens_use_is_noted_off_the_calls_path_at_most_once_a_minute(ap
     assert (await asgi(lean, PATH + "ingest", body, token=raw))["status"] == 200
     assert touches == [row.pk]
     assert (await ApiToken.objects.aget(pk=row.pk)).last_used_at == noted
+
+
+async def test_the_hook_path_answers_without_building_the_engine(apps, tokens, monkeypatch):
+    from plugins_app import bus
+
+    async def unreachable(*args, **kwargs):
+        raise bus.BusUnavailable("connection refused")
+
+    monkeypatch.setattr(bus, "submit_and_wait", unreachable)
+    get_engine.cache_clear()
+    _django_app, lean = apps
+    r = await asgi(lean, PATH + "ingest", json.dumps(VALID[H.INGEST]).encode(), token=tokens[Role.AGENT])
+    body = json.loads(r["body"])
+    assert r["status"] == 200 and body["source"] == "default" and body["type"] == "ingest_result"
+    assert body["fallback_reason"] == "bus_unavailable: connection refused"
+    assert get_engine.cache_info().currsize == 0
