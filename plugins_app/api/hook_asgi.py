@@ -39,9 +39,9 @@ HOOKS = frozenset(ALL_HOOKS)
 # list, Django answers every call.
 STOOD_IN_FOR = [
     "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",  # untouched session: no cookie, no Vary
+    "django.contrib.sessions.middleware.SessionMiddleware",  # the route never reads the session: no cookie, no Vary
     "django.middleware.common.CommonMiddleware",  # Content-Length; the Host check is done here
-    "django.middleware.csrf.CsrfViewMiddleware",  # django-ninja's routes are csrf-exempt with bearer auth
+    "django.middleware.csrf.CsrfViewMiddleware",  # csrf-exempt with bearer auth; requests with cookies go to Django
     "django.contrib.auth.middleware.AuthenticationMiddleware",  # lazy: untouched
     "django.contrib.messages.middleware.MessageMiddleware",  # untouched storage: no cookie
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -195,7 +195,10 @@ def _single_headers(raw) -> dict[bytes, bytes] | None:
 
 
 def _plain_request(headers: dict[bytes, bytes], size: int, limit: int) -> bool:
-    """A request Django would hand to the route as it is: a Host it accepts, a body within the limit."""
+    """A request Django would hand to the route as it is: a Host it accepts, a body within the limit, no cookies
+    (the CSRF middleware replaces a malformed csrftoken cookie in its answer; agents send none)."""
+    if b"cookie" in headers:
+        return False
     length = headers.get(b"content-length")
     if length is not None and (not length.isdigit() or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE):
         return False

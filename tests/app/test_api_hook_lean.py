@@ -168,6 +168,22 @@ async def test_every_hook_and_both_mounts_are_answered_lean_for_agent_admin_and_
         assert (passed_on, answered) == (0, plain), role
 
 
+async def test_browser_headers_change_nothing_and_cookies_go_to_django(apps, tokens, canned):
+    """An Origin, HTMX or proxy headers: Django's middleware adds nothing for them. Cookies: the CSRF middleware may
+    answer with a new csrftoken cookie, so such calls are Django's."""
+    canned["answer"] = (200, {"type": "ok", "source": "default"}, {})
+    body = json.dumps(VALID[H.INGEST]).encode()
+    extra = [(b"origin", b"http://evil.example"), (b"hx-request", b"true"), (b"x-forwarded-for", b"10.0.0.1"),
+             (b"accept-encoding", b"gzip"), (b"x-forwarded-proto", b"https")]
+    plain, answered, passed_on = await both(apps, PATH + "ingest", body, token=tokens[Role.AGENT], headers=extra)
+    assert (passed_on, answered) == (0, plain) and plain["status"] == 200
+    for cookie in (b"sessionid=abc; csrftoken=x", b"csrftoken=" + b"a" * 32):
+        plain, answered, passed_on = await both(apps, PATH + "ingest", body, token=tokens[Role.AGENT],
+                                                headers=[(b"cookie", cookie)])
+        assert passed_on == 1 and answered["status"] == plain["status"] == 200
+        assert [name for name, _ in answered["headers"]] == [name for name, _ in plain["headers"]]  # new tokens
+
+
 async def test_a_body_sent_in_chunks_is_read_whole(apps, tokens, canned):
     body = json.dumps(VALID[H.INGEST]).encode()
     plain, answered, passed_on = await both(apps, PATH + "ingest", [body[:5], body[5:9], body[9:]],
