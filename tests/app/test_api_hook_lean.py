@@ -83,7 +83,7 @@ def canned(monkeypatch):
 
 async def asgi(app, path: str, body: bytes | list[bytes] = b"", *, method: str = "POST", token: str | None = None,
                headers: list[tuple[bytes, bytes]] | None = None, host: bytes = b"testserver",
-               disconnect_after: float | None = None) -> dict:
+               disconnect_when: asyncio.Event | None = None) -> dict:
     """One request through `app`: status, headers (sorted, names lower-cased) and body."""
     chunks = body if isinstance(body, list) else [body]
     messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
@@ -98,8 +98,8 @@ async def asgi(app, path: str, body: bytes | list[bytes] = b"", *, method: str =
     async def receive():
         if messages:
             return messages.pop(0)
-        if disconnect_after is not None:
-            await asyncio.sleep(disconnect_after)
+        if disconnect_when is not None:
+            await disconnect_when.wait()
             return {"type": "http.disconnect"}
         await asyncio.Event().wait()  # nothing more from this client
 
@@ -282,7 +282,7 @@ async def test_a_client_that_disconnects_cancels_its_call(apps, tokens, monkeypa
     monkeypatch.setattr(hook_service, "call_hook", waits_forever)
     _django_app, lean = apps
     r = await asgi(lean, PATH + "ingest", json.dumps(VALID[H.INGEST]).encode(), token=tokens[Role.AGENT],
-                   disconnect_after=0.2)
+                   disconnect_when=started)  # the client hangs up once its call is under way
     assert started.is_set() and cancelled.is_set() and r["status"] is None
 
 
