@@ -1,8 +1,10 @@
-"""ASGI entry point: HTTP goes to Django (static files included), websockets to the Channels router."""
+"""ASGI entry point: HTTP goes to Django (static files included), websockets to the Channels router. Agents' hook
+calls are answered before Django's middleware (plugins_app/api/hook_asgi.py); /mcp by its own app."""
 
 import asyncio
 import contextlib
 import os
+import re
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
@@ -16,6 +18,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from plugins_app import bus  # noqa: E402
+from plugins_app.api.hook_asgi import LeanHookRoutes  # noqa: E402
 from plugins_app.mcp.app import McpApp, is_mcp_path  # noqa: E402
 from plugins_app.routing import websocket_urlpatterns  # noqa: E402
 
@@ -33,14 +36,14 @@ class AnswerHookCallsOnShutdown:
     For the hook routes we keep the request running, tell the job bus to answer its waiting calls now (they fall
     back to the default engine, `fallback_reason` "shutting_down: …") and give the answer DRAIN_SECS to go out."""
 
-    HOOK_PATH = "/api/context-engine/hooks/"
+    HOOK_PATH = re.compile(r"/api(?:/v1)?/context-engine/hooks/")
     DRAIN_SECS = 3.0
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope.get("path", "").startswith(self.HOOK_PATH):
+        if scope["type"] != "http" or not self.HOOK_PATH.match(scope.get("path", "")):
             return await self.app(scope, receive, send)
         task = asyncio.ensure_future(self.app(scope, receive, send))
         try:
@@ -67,7 +70,7 @@ class McpOrDjango:
 
 application = ProtocolTypeRouter(
     {
-        "http": McpOrDjango(AnswerHookCallsOnShutdown(ASGIStaticFilesHandler(django_asgi_app))),
+        "http": McpOrDjango(AnswerHookCallsOnShutdown(LeanHookRoutes(ASGIStaticFilesHandler(django_asgi_app)))),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                                             settings.ALLOWED_HOSTS),
     }

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
 import time
 
 from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 from django.utils import timezone
 
 from plugins_app.models import ApiToken, Role
 
+log = logging.getLogger("librefang.auth")
 TOKEN_PREFIX = "lf_"
+# last_used_at is written at most this often per token: it says "in use lately", not "used at this instant".
+TOUCH_EVERY_SECS = 60
 # Higher number = more power. An agent token may only call context-engine hooks (and read health).
 ROLE_RANK = {Role.AGENT: 0, Role.VIEWER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
@@ -24,7 +30,7 @@ def generate_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def lookup(raw: str | None) -> ApiToken | None:
+def find(raw: str | None) -> ApiToken | None:
     """The active token for a raw bearer string, or None (missing, unknown or revoked)."""
     if not raw or len(raw) > 200:
         return None
@@ -32,18 +38,41 @@ def lookup(raw: str | None) -> ApiToken | None:
         token = ApiToken.objects.get(token_hash=hash_token(raw.strip()))
     except ApiToken.DoesNotExist:
         return None
-    if token.revoked_at is not None:
-        return None
-    now = timezone.now()
-    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token if token.revoked_at is None else None
+
+
+def touch_due(token: ApiToken) -> bool:
+    return token.last_used_at is None or (timezone.now() - token.last_used_at).total_seconds() > TOUCH_EVERY_SECS
+
+
+def touch(token: ApiToken) -> None:
+    token.last_used_at = timezone.now()
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=token.last_used_at)
+
+
+def lookup(raw: str | None) -> ApiToken | None:
+    """find(), noting the use (at most once a minute)."""
+    token = find(raw)
+    if token is not None and touch_due(token):
+        touch(token)
     return token
+
+
+def _touch_in_background(token: ApiToken) -> None:
+    """In a pool thread: the agent's call does not wait for this write (SQLite may make it wait for the lock)."""
+    try:
+        touch(token)
+    except Exception:  # only a "last used" note: the call it belongs to has been answered
+        log.warning("could not note the use of token %s", token.pk, exc_info=True)
+    finally:
+        close_old_connections()
 
 
 class TokenCache:
     """Looked-up tokens kept for `secs` per process, for callers that see the same token many times a second (agents
     on the hook routes, MCP clients on every message): one query per token per `secs` instead of one per call, and
-    no hop to Django's sync thread on a hit. A revoked token or a changed role takes effect within `secs`."""
+    no hop to Django's sync thread on a hit. A revoked token or a changed role takes effect within `secs`. The
+    `last_used_at` note is written off the caller's path, at most once a minute per token."""
 
     def __init__(self, secs: float = 5.0, max_entries: int = 1000):
         self.secs = secs
@@ -57,10 +86,12 @@ class TokenCache:
         hit = self.entries.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        found = await sync_to_async(lookup)(raw)
+        found = await sync_to_async(find)(raw)
         if found is None:
             self.entries.pop(key, None)
             return None
+        if touch_due(found):
+            asyncio.get_running_loop().run_in_executor(None, _touch_in_background, found)
         if len(self.entries) >= self.max_entries:
             self.entries.clear()
         self.entries[key] = (time.monotonic() + self.secs, found)

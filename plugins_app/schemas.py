@@ -1,5 +1,4 @@
-"""Request and response schemas of the HTTP API (pydantic, via django-ninja). Extra fields are allowed on hook
-requests: agents may send more than the docs list and plugins receive it all."""
+"""Request and response schemas of the HTTP API (pydantic, via django-ninja). Hook requests: engine/hook_requests.py."""
 
 from __future__ import annotations
 
@@ -7,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import ConfigDict, Field
+
+from engine.hook_requests import HOOK_REQUEST_MODELS
 
 
 class ErrorBody(Schema):
@@ -19,81 +20,8 @@ class ErrorEnvelope(Schema):
     error: ErrorBody
 
 
-class Message(Schema):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict[str, Any]]
-    pinned: bool = False
-
-
-class HookRequest(Schema):
-    model_config = ConfigDict(extra="allow")
-
-
-class IngestRequest(HookRequest):
-    agent_id: str = Field(max_length=200)
-    message: str
-    peer_id: str | None = None
-
-
-class AssembleRequest(HookRequest):
-    agent_id: str = Field("", max_length=200)
-    system_prompt: str = ""
-    messages: list[Message]
-    context_window_tokens: int = Field(200_000, gt=0)
-
-
-class CompactRequest(HookRequest):
-    agent_id: str = Field("", max_length=200)
-    messages: list[Message]
-    model: str = ""
-    context_window_tokens: int = Field(200_000, gt=0)
-
-
-class AfterTurnRequest(HookRequest):
-    agent_id: str = Field(max_length=200)
-    peer_id: str | None = None
-    messages: list[Message]
-
-
-class BootstrapRequest(HookRequest):
-    context_window_tokens: int = Field(200_000, gt=0)
-    stable_prefix_mode: bool = False
-    max_recall_results: int = Field(5, ge=0)
-
-
-class SubagentRequest(HookRequest):
-    parent_id: str = Field(max_length=200)
-    child_id: str = Field(max_length=200)
-
-
-class TransformToolResultRequest(HookRequest):
-    agent_id: str = Field("", max_length=200)
-    tool_name: str
-    tool_use_id: str = ""
-    input: dict[str, Any] | None = None
-    args: dict[str, Any] | None = None
-    content: str | None = None
-    result: str | None = None
-    is_error: bool = False
-    status: str | None = None
-
-
-class OnEventRequest(HookRequest):
-    event: dict[str, Any]
-
-
-HOOK_REQUEST_SCHEMAS: dict[str, type[HookRequest]] = {
-    "ingest": IngestRequest,
-    "assemble": AssembleRequest,
-    "compact": CompactRequest,
-    "after_turn": AfterTurnRequest,
-    "bootstrap": BootstrapRequest,
-    "prepare_subagent": SubagentRequest,
-    "merge_subagent": SubagentRequest,
-    "transform_tool_result": TransformToolResultRequest,
-    "on_event": OnEventRequest,
-}
+# The hook request models live in the engine (engine/hook_requests.py): one contract for the API, MCP and the CLI.
+HOOK_REQUEST_SCHEMAS = HOOK_REQUEST_MODELS
 
 
 class HookReply(Schema):

@@ -1,20 +1,17 @@
-"""Context-engine routes: the agent hook calls and metrics."""
-
-
-
+"""Context-engine routes: the agent hook calls and metrics. Successful hook calls are answered before Django by
+plugins_app/api/hook_asgi.py; the routes here describe them (OpenAPI) and answer every refused one."""
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
-from pydantic import Field
-from pydantic import ValidationError as PydanticValidationError
+from pydantic import BaseModel, Field
 
+from engine import hook_requests
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
 from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
 from plugins_app.auth import allows, token_cache
 from plugins_app.models import Role
 from plugins_app.schemas import (
-    HOOK_REQUEST_SCHEMAS,
     Accepted,
     ChainOut,
     EngineConfigIn,
@@ -45,16 +42,13 @@ def optional_body_openapi(schema: type[Schema]) -> dict:
 
 
 def validated(hook: str, data: dict) -> dict:
-    schema = HOOK_REQUEST_SCHEMAS[hook]
     try:
-        schema.model_validate(data)
-    except PydanticValidationError as exc:
-        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(400, "validation_error", f"invalid {hook} request", details) from exc
-    return data
+        return hook_requests.check(hook, data)
+    except hook_requests.ValidationError as exc:
+        raise ApiError(400, "validation_error", f"invalid {hook} request", hook_requests.error_details(exc)) from exc
 
 
-def inline_schema(schema: type[Schema]) -> dict:
+def inline_schema(schema: type[BaseModel]) -> dict:
     """The request's JSON schema with its local `$defs` inlined (an OpenAPI document resolves `#/...` refs from
     its own root)."""
     doc = schema.model_json_schema()
@@ -102,7 +96,7 @@ HOOK_AUTH = CachedHookAuth(Role.AGENT)
 
 
 def _make_hook_route(hook: str):
-    schema = HOOK_REQUEST_SCHEMAS[hook]
+    schema = hook_requests.HOOK_REQUEST_MODELS[hook]
     fire_and_forget = hook in ("after_turn", "on_event")
     responses = {202: Accepted} if fire_and_forget else {200: HookReply}
     responses.update({400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 413: ErrorEnvelope,
@@ -112,6 +106,7 @@ def _make_hook_route(hook: str):
 
     async def call(request: HttpRequest):
         # One parse and one validation per call (the schema is declared for OpenAPI only, not re-parsed by ninja).
+        # Over daphne only refused calls get here (plugins_app/api/hook_asgi.py answers the others the same way).
         data = validated(hook, parse_body(request))
         status, reply, headers = await hook_service.call_hook(hook, data)
         response = json_response(reply, status)

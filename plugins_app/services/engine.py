@@ -9,8 +9,10 @@ import urllib.request
 
 from django.conf import settings
 
-from engine.config import LlmConfig
+from engine.catalog import Catalog
+from engine.config import ConfigCache, LlmConfig
 from engine.home import Home
+from engine.hook_policy import HookPolicy
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.services.memory import DbMemoryStore
@@ -64,16 +66,34 @@ def invocation_sink() -> DbInvocationSink:
 
 
 @functools.lru_cache(maxsize=1)
+def catalog() -> Catalog:
+    """The process's plugin catalog, shared by the engine and the hook path (a forget() reaches both)."""
+    return Catalog(home())
+
+
+@functools.lru_cache(maxsize=1)
+def config_cache() -> ConfigCache:
+    return ConfigCache(home().config_path)
+
+
+@functools.lru_cache(maxsize=1)
 def get_engine() -> ContextEngine:
     """One engine per process: its catalog and config caches re-read files only when they change."""
     deps = EngineDeps(home=home(), memory=DbMemoryStore(), invocations=invocation_sink(),
                       stderr=events.publisher(), summarizer_for=summarizer_for)
-    return ContextEngine(deps)
+    return ContextEngine(deps, catalog=catalog(), config=config_cache())
+
+
+@functools.lru_cache(maxsize=1)
+def hook_policy() -> HookPolicy:
+    """What the web tier's hook path needs (a deadline, the default engine's answer): no ContextEngine is built."""
+    return HookPolicy(catalog(), config_cache(), DbMemoryStore(), summarizer_for)
 
 
 def reset_engine() -> None:
     """Forget cached engine state (tests that switch LIBREFANG_HOME)."""
-    get_engine.cache_clear()
+    for cached in (get_engine, hook_policy, catalog, config_cache):
+        cached.cache_clear()
 
 
 class _FixedConfig:

@@ -13,7 +13,7 @@ from engine import hooks as H
 from engine import protocol as P
 from plugins_app import bus
 from plugins_app.models import JobRecord
-from plugins_app.services.engine import get_engine
+from plugins_app.services.engine import hook_policy
 
 log = logging.getLogger("librefang.hooks")
 # Extra wait beyond the plugin's own timeout, so the worker's classified failure (not our guess) comes back.
@@ -30,11 +30,11 @@ SHUTTING_DOWN = "shutting_down"
 
 async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, body, extra headers) for an agent's hook call."""
-    engine = get_engine()
     if hook in H.FIRE_AND_FORGET_HOOKS:
         return await _enqueue(hook, request)
+    policy = hook_policy()
     # Cached config and catalog (a few stat calls): cheaper on the loop than a hop to a thread on every call.
-    deadline = engine.deadline_secs(hook)
+    deadline = policy.deadline_secs(hook)
     started = time.monotonic()
     try:
         reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline)
@@ -64,8 +64,7 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
         reason = f"engine_error: {reply['_engine_error']}"
     elif reason.startswith((BUS_UNAVAILABLE, CAPACITY)):  # no worker will ever record this job: we do
         await sync_to_async(_record_web_fallback, thread_sensitive=False)(hook, reason)
-    fallback = await sync_to_async(engine.default, thread_sensitive=False)(hook, request, reason)
-    body = fallback.to_dict()
+    body = await sync_to_async(policy.fallback, thread_sensitive=False)(hook, request, reason)
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
     return 200, body, {}
 

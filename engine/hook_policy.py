@@ -1,0 +1,82 @@
+"""What the web tier needs around an agent's hook call, without building a ContextEngine (engine/stack.py): how long
+to wait for a worker, and the default engine's answer (engine/default_engine.py) when no worker answers in time.
+
+The rules are the engine's own: tests/app/test_api_hook_lean.py checks both against ContextEngine.deadline_secs and
+ContextEngine.default for every hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine import default_engine as D
+from engine import hooks as H
+from engine.catalog import Catalog
+from engine.config import ConfigCache, LlmConfig, ServiceConfig
+from engine.invoke import retry_delay_ms
+from engine.ports import MemoryStore, Summarizer
+from engine.requests import normalise
+
+NO_PLUGIN_DEADLINE_SECS = 30.0
+
+
+def chain(catalog: Catalog, cfg: ServiceConfig) -> list[str]:
+    """Configured plugins that are installed and enabled, in order."""
+    return [name for name in cfg.context_engine.chain if catalog.exists(name) and catalog.get(name).enabled]
+
+
+def deadline_secs(hook: str, catalog: Catalog, cfg: ServiceConfig) -> float:
+    """How long an agent may wait for `hook`: every layer's timeout with its retries (bootstrap 2x); layers of
+    sequential hooks add up, ingest layers run concurrently. 30 s when no plugin serves."""
+    budgets = []
+    for name in chain(catalog, cfg):
+        plugin = catalog.get(name).plugin
+        if plugin is None or not plugin.manifest.hooks.script_for(hook):
+            continue
+        s = plugin.manifest.hooks
+        timeout = s.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
+        delays = sum(retry_delay_ms(s.retry_delay_ms, n) for n in range(1, s.max_retries + 1)) / 1000
+        budgets.append(timeout * (1 + s.max_retries) + delays)
+    if not budgets:
+        return NO_PLUGIN_DEADLINE_SECS * (2 if hook == H.BOOTSTRAP else 1)
+    return max(budgets) if hook in (H.INGEST, H.AFTER_TURN) else sum(budgets)
+
+
+def default_result(hook: str, req: dict[str, Any], cfg: ServiceConfig, memory: MemoryStore,
+                   summarizer: Summarizer | None) -> dict[str, Any]:
+    """The built-in engine's result for a normalised request."""
+    if hook == H.INGEST:
+        if cfg.context_engine.stable_prefix_mode:
+            return {"type": "ingest_result", "memories": []}
+        return D.ingest(req, memory, cfg.context_engine.max_recall_results)
+    if hook == H.ASSEMBLE:
+        return D.assemble(req)
+    if hook == H.COMPACT:
+        return D.compact(req, summarizer)
+    if hook == H.TRANSFORM_TOOL_RESULT:
+        return {"type": "unchanged", "content": req.get("content"), "result": req.get("content")}
+    return D.ok()
+
+
+class HookPolicy:
+    """Deadline and fallback over the same catalog and config caches the process's engine uses."""
+
+    def __init__(self, catalog: Catalog, config: ConfigCache, memory: MemoryStore,
+                 summarizer_for: Callable[[LlmConfig], Summarizer | None] = lambda cfg: None):
+        self.catalog = catalog
+        self.config = config
+        self.memory = memory
+        self.summarizer_for = summarizer_for
+
+    def deadline_secs(self, hook: str) -> float:
+        return deadline_secs(hook, self.catalog, self.config.get())
+
+    def fallback(self, hook: str, request: dict[str, Any], reason: str) -> dict[str, Any]:
+        """The agent's answer when no worker gave one: the default engine's result, `source` "default" and why."""
+        cfg = self.config.get()
+        req = normalise(hook, request, context_window_tokens=cfg.context_engine.context_window_tokens)
+        out = {**default_result(hook, req, cfg, self.memory, self.summarizer_for(cfg.llm)), "source": "default"}
+        if reason:
+            out["fallback_reason"] = reason
+        return out

@@ -1,0 +1,234 @@
+"""The agents' hook calls (`POST /api[/v1]/context-engine/hooks/<hook>`) answered straight from ASGI: read the body,
+take the bearer token from the per-process cache (plugins_app/auth.py TokenCache), check the request once against
+its model (engine/hook_requests.py), call plugins_app/services/hooks.py and write the JSON answer. No Django
+middleware, URL resolving or thread hop on the way: those cost more CPU than the rest of the web tier's work.
+
+Only a call that will succeed is answered here. Everything else (another method or path, a Host Django would refuse,
+a body too large or not a valid request, a missing, unknown or under-privileged token) goes on to Django with the
+body replayed, and the django-ninja route (plugins_app/api/context_engine.py, also the OpenAPI description) answers
+it exactly as before. An answer written here carries the headers Django's middleware would add
+(tests/app/test_api_hook_lean.py compares both paths); with settings this module does not stand in for (other
+middleware, HTTPS redirects or HSTS) every call goes to Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.http.request import split_domain_port, validate_host
+
+from engine import hook_requests
+from engine.hooks import ALL_HOOKS
+from plugins_app.api.app import api
+from plugins_app.api.errors import envelope, json_response
+from plugins_app.auth import allows, token_cache
+from plugins_app.models import Role
+from plugins_app.services import hooks as hook_service
+
+log = logging.getLogger("librefang.api")
+HOOK_PATH = re.compile(r"/api(?:/v1)?/context-engine/hooks/([a-z_]+)")
+HOOKS = frozenset(ALL_HOOKS)
+# The middleware whose effect on these answers this module reproduces (see _middleware_headers); with any other
+# list, Django answers every call.
+STOOD_IN_FOR = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",  # the route never reads the session: no cookie, no Vary
+    "django.middleware.common.CommonMiddleware",  # Content-Length; the Host check is done here
+    "django.middleware.csrf.CsrfViewMiddleware",  # csrf-exempt with bearer auth; requests with cookies go to Django
+    "django.contrib.auth.middleware.AuthenticationMiddleware",  # lazy: untouched
+    "django.contrib.messages.middleware.MessageMiddleware",  # untouched storage: no cookie
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",  # request attribute only
+    "axes.middleware.AxesMiddleware",  # login lockouts only
+]
+
+
+def _middleware_headers() -> list[tuple[bytes, bytes]] | None:
+    """The headers Django's middleware adds to a hook route's answer, or None when this module cannot stand in."""
+    if (list(settings.MIDDLEWARE) != STOOD_IN_FOR or settings.SECURE_SSL_REDIRECT or settings.SECURE_HSTS_SECONDS
+            or settings.FORCE_SCRIPT_NAME or settings.USE_X_FORWARDED_HOST or settings.PREPEND_WWW):
+        return None
+    headers = []
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers.append(("X-Content-Type-Options", "nosniff"))
+    if settings.SECURE_REFERRER_POLICY:
+        policy = settings.SECURE_REFERRER_POLICY
+        headers.append(("Referrer-Policy", policy if isinstance(policy, str) else ",".join(policy)))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers.append(("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY))
+    headers.append(("X-Frame-Options", getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()))
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+class LeanHookRoutes:
+    """ASGI middleware: answers successful hook calls itself, passes everything else to `app` (Django)."""
+
+    def __init__(self, app):
+        self.app = app
+        self._extra: list[tuple[bytes, bytes]] | None = None
+        self._settings_read = False
+
+    def hook_of(self, scope) -> str | None:
+        """The hook a request may be answered here for, or None."""
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("root_path"):
+            return None
+        match = HOOK_PATH.fullmatch(scope.get("path", ""))
+        if match is None or match.group(1) not in HOOKS:
+            return None
+        if not self._settings_read:
+            self._extra, self._settings_read = _middleware_headers(), True
+            if self._extra is None:
+                log.warning("hook calls go through Django's middleware: the settings differ from what "
+                            "plugins_app/api/hook_asgi.py stands in for (STOOD_IN_FOR)")
+        return match.group(1) if self._extra is not None else None
+
+    async def __call__(self, scope, receive, send):
+        hook = self.hook_of(scope)
+        if hook is None:
+            return await self.app(scope, receive, send)
+        headers = _single_headers(scope.get("headers") or ())
+        limit = settings.LIBREFANG_MAX_BODY_BYTES
+        chunks, complete = await _read_body(receive, limit)
+        if chunks is None:  # the client went away before sending its request: nobody to answer
+            return
+        body = b"".join(chunks)
+        if complete and headers is not None and _plain_request(headers, len(body), limit):
+            token = await _token(headers.get(b"authorization"))
+            data = _request_data(hook, body) if token is not None else None
+            if data is not None:
+                return await self._answer(hook, data, receive, send)
+        # Not a call that succeeds: Django answers, reading the same body.
+        return await self.app(scope, _replaying(body, complete, receive), send)
+
+    async def _answer(self, hook: str, data: dict[str, Any], receive, send) -> None:
+        # As Django's ASGIHandler: a client that disconnects while waiting cancels its call.
+        call = asyncio.ensure_future(self._call_and_send(hook, data, send))
+        listener = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait([call, listener], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (listener, call):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if call.done() and not call.cancelled():
+            call.result()
+
+    async def _call_and_send(self, hook: str, data: dict[str, Any], send) -> None:
+        try:
+            status, reply, extra = await hook_service.call_hook(hook, data)
+            response = json_response(reply, status)
+            for name, value in extra.items():
+                response[name] = value
+        except Exception:
+            log.exception("unhandled API error")
+            response = _internal_error()
+        content = response.content
+        head = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+        head += self._extra or []
+        head.append((b"Content-Length", str(len(content)).encode()))
+        with contextlib.suppress(OSError):  # the client went away meanwhile
+            await send({"type": "http.response.start", "status": response.status_code, "headers": head})
+            await send({"type": "http.response.body", "body": content})
+
+
+def _internal_error():
+    """The route's 500, rendered as django-ninja's exception handler renders it (plugins_app/api/errors.py)."""
+    body = api.renderer.render(None, envelope("internal_error", "Unexpected server error; see the service log."),
+                               response_status=500)
+    return HttpResponse(body, status=500, content_type=api.get_content_type())
+
+
+async def _read_body(receive, limit: int) -> tuple[list[bytes] | None, bool]:
+    """The body's chunks (None if the client disconnected) and whether that is the whole body: reading stops past
+    `limit`, the rest is left for Django."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None, False
+        chunk = message.get("body", b"")
+        if chunk:
+            chunks.append(chunk)
+            size += len(chunk)
+        if not message.get("more_body", False):
+            return chunks, True
+        if size > limit:
+            return chunks, False
+
+
+def _replaying(body: bytes, complete: bool, receive):
+    """`receive` for Django: the body read so far as one message, then whatever the client still sends."""
+    replayed = False
+
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        return await receive()
+
+    return replay
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _single_headers(raw) -> dict[bytes, bytes] | None:
+    """The request's headers, or None when one that matters here is repeated (Django joins repeats with ",")."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in raw:
+        if name in headers and name in (b"authorization", b"host", b"content-length"):
+            return None
+        headers[name] = value
+    return headers
+
+
+def _plain_request(headers: dict[bytes, bytes], size: int, limit: int) -> bool:
+    """A request Django would hand to the route as it is: a Host it accepts, a body within the limit, no cookies
+    (the CSRF middleware replaces a malformed csrftoken cookie in its answer; agents send none)."""
+    if b"cookie" in headers:
+        return False
+    length = headers.get(b"content-length")
+    if length is not None and (not length.isdigit() or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE):
+        return False
+    if size > limit:
+        return False
+    host = headers.get(b"host")
+    if host is None:
+        return False
+    domain, _port = split_domain_port(host.decode("latin-1"))
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
+async def _token(authorization: bytes | None):
+    """The token of a `Bearer` header if it may call hooks, else None (Django then says 401 or 403)."""
+    if not authorization:
+        return None
+    scheme, _, raw = authorization.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not raw:
+        return None
+    found = await token_cache.lookup(raw)
+    return found if found is not None and allows(found, Role.AGENT) else None
+
+
+def _request_data(hook: str, body: bytes) -> dict[str, Any] | None:
+    """The agent's request if it is valid for `hook`, parsed and checked once; None otherwise."""
+    try:
+        data = json.loads(body or b"null")
+        return hook_requests.check(hook, data) if isinstance(data, dict) else None
+    except (ValueError, UnicodeDecodeError, RecursionError, hook_requests.ValidationError):
+        return None
