@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine import findings as F
-from engine.filecache import file_stamp
+from engine.filecache import FileCache, file_stamp
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
 from engine.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
@@ -131,7 +131,13 @@ class Manifest(BaseModel):
     requires: list[Requirement] = Field(default_factory=list)
     i18n: dict[str, I18nEntry] = Field(default_factory=dict)
     needs: list[str] = Field(default_factory=list)
-    wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm.py)
+    wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm/)
+
+    @property
+    def wasm_capabilities(self) -> tuple[str, ...]:
+        """`[wasm] capabilities`: the host calls a wasm plugin declares (engine/wasm/host.py `declared`)."""
+        caps = self.wasm.get("capabilities")
+        return tuple(str(c) for c in caps) if isinstance(caps, list | tuple) else ()
 
     @field_validator("env", mode="before")
     @classmethod
@@ -374,6 +380,28 @@ def _validation_finding(err: dict) -> Finding:
 
 def manifest_path(plugin_dir: Path) -> Path:
     return plugin_dir / "plugin.toml"
+
+
+def _parsed_or_none(text: str) -> Manifest | None:
+    try:
+        return parse_manifest_text(text)[0]
+    except ManifestError:
+        return None
+
+
+_readers: dict[Path, FileCache[Manifest | None]] = {}
+_readers_lock = threading.Lock()
+
+
+def read_manifest(plugin_dir: Path) -> Manifest | None:
+    """plugin.toml of `plugin_dir`, parsed once per change of the file (None when it is missing or invalid): for code
+    that has a plugin directory but no catalog entry at hand."""
+    path = manifest_path(plugin_dir)
+    with _readers_lock:
+        reader = _readers.get(path)
+        if reader is None:
+            reader = _readers[path] = FileCache(path, _parsed_or_none, None, "plugin.toml")
+    return reader.get()
 
 
 def fingerprint(plugin_dir: Path) -> tuple:

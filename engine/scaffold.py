@@ -660,7 +660,7 @@ _WASM_ECHO_PARTS = {
 
 
 def wasm_echo_wat(hook: str, log_line: str) -> str:
-    from engine.wasm import _wat_string
+    from engine.wasm.wat import wat_string
 
     prefix, suffix = (p.encode() for p in _WASM_ECHO_PARTS[hook])
     msg = log_line.encode("utf-8")
@@ -670,9 +670,9 @@ def wasm_echo_wat(hook: str, log_line: str) -> str:
     heap = (msg_at + len(msg) + 15) // 16 * 16 + 16
     request, reply_shape = SHAPES[hook]
     return _WASM_ECHO.format(hook=hook, request=request, reply_shape=reply_shape, heap=heap, prefix_at=prefix_at,
-                             prefix=_wat_string(prefix), prefix_len=len(prefix), suffix_at=suffix_at,
-                             suffix=_wat_string(suffix), suffix_len=len(suffix), msg_at=msg_at,
-                             msg=_wat_string(msg), msg_len=len(msg))
+                             prefix=wat_string(prefix), prefix_len=len(prefix), suffix_at=suffix_at,
+                             suffix=wat_string(suffix), suffix_len=len(suffix), msg_at=msg_at,
+                             msg=wat_string(msg), msg_len=len(msg))
 
 
 def _wasm_plan(name: str, description: str, author: str, chosen: list[str], written: list[str]) -> ScaffoldPlan:

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from ninja.security import HttpBearer
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import actor, for_action
 from plugins_app.auth import allows, lookup
