@@ -20,11 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine import findings as F
 from engine.filecache import FileCache, file_stamp
 from engine.findings import Finding
-from engine.hooks import ALL_HOOKS
+from engine.hooks import ALL_HOOKS, DEFAULT_TIMEOUT_SECS
 from engine.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
-DEFAULT_TIMEOUT_SECS = 30.0
 # The LibreFang release whose plugin protocol this engine implements; `librefang_min_version` is compared to it.
 COMPAT_VERSION = "2026.8.23"
 HOOK_PROTOCOL_VERSION = 1
