@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import registry as R
+from engine.errors import ServiceError
 from engine.home import Home
 from engine.manifest import NAME_RE, ManifestError, load_plugin
 
@@ -32,13 +33,8 @@ GIT_TIMEOUT_SECS = 120
 _GITHUB_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 
-class InstallError(Exception):
-    def __init__(self, code: str, message: str, status: int = 400, details=None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-        self.details = details
+class InstallError(ServiceError):
+    """An install, update or uninstall that was refused (engine/errors.py)."""
 
 
 @dataclass

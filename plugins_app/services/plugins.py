@@ -21,6 +21,7 @@ from django.db import IntegrityError
 from engine import install as I
 from engine import registry as R
 from engine.catalog import DISABLED_MARKER
+from engine.errors import ServiceError
 from engine.manifest import NAME_RE, ManifestError
 from engine.scaffold import ScaffoldError, plan
 from plugins_app import bus, events
@@ -33,19 +34,8 @@ from plugins_app.services.engine import get_engine, home
 log = logging.getLogger("librefang.plugins")
 
 
-class PluginError(Exception):
-    def __init__(self, code: str, message: str, status: int = 400, details: Any = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-        self.details = details
-
-    def to_dict(self) -> dict:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.details is not None:
-            body["details"] = self.details
-        return body
+class PluginError(ServiceError):
+    """A refused plugin lifecycle operation (engine/errors.py): routes and views just call the services."""
 
 
 def _check_name(name: str) -> None:

@@ -92,7 +92,7 @@ async def install(actor: str, *, chunks: Iterable[bytes] | None = None, url: str
 
 
 def run_install_job(request: Any) -> tuple[dict[str, Any], str, str]:
-    """Worker side of an "install_tool" job: (reply, source, reason). Unpacks under engine/wasm/tools/package.py's limits,
+    """Worker side of an "install_tool" job: (reply, source, reason). Unpacks under engine/wasm/tools/installer.py's limits,
     installs, then reads the module's az_tool_name/az_tool_schema (module code may run here, on a worker)."""
     try:
         tool = _install_for_job(request)

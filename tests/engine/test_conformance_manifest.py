@@ -290,7 +290,7 @@ def test_it_refuses_a_requirements_path_outside_the_plugin(tmp_path):
     pdir.mkdir()
     (pdir / "plugin.toml").write_text('name = "p"\nrequirements = "../x.txt"\n')
     ok, output = install_requirements(pdir, tmp_path / "data")
-    assert not ok and "without '..'" in output
+    assert not ok and "must not contain '..'" in output
 
 
 def test_findings_serialise_with_id_severity_message_and_hint():

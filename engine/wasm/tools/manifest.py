@@ -11,6 +11,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.errors import ServiceError
+
 RUNTIME_API = 2
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
@@ -20,14 +22,11 @@ LOCK_FILE = ".agentzero-plugins.lock"
 MAX_PACKAGE_BYTES = 64 * 1024 * 1024
 
 
-class ToolError(Exception):
-    """A refused tool operation. `status` is the HTTP status the API answers with."""
+class ToolError(ServiceError):
+    """A refused tool operation (engine/errors.py); most are a 400 `invalid_tool`."""
 
     def __init__(self, message: str, code: str = "invalid_tool", status: int = 400):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
+        super().__init__(code, message, status)
 
 
 class Dependency(BaseModel):
