@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 from engine.filecache import tree_size
-from engine.install import file_hashes
 from engine.manifest import NAME_RE
+from engine.sources import file_hashes
 
 HASH_LEN = 64
 

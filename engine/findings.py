@@ -42,7 +42,7 @@ ENGINE_FINDINGS: dict[str, str] = {
     "manifest.name_invalid": "error: name is not 1-128 ASCII letters/digits/'-'/'_'",
     "manifest.name_mismatch": "error: name differs from the directory name",
     "manifest.min_version_invalid": "error: librefang_min_version is not a version",
-    "manifest.min_version_unmet": "error: librefang_min_version is newer than engine.manifest.COMPAT_VERSION",
+    "manifest.min_version_unmet": "error: librefang_min_version is newer than COMPAT_VERSION (engine/manifest.py)",
     "manifest.hook_path_traversal": "error: a hook path is absolute or contains '..'",
     "manifest.hook_path_escape": "error: a hook path resolves (symlink) outside the plugin directory",
     "manifest.depends_missing": "error: a plugin named in plugin_depends is not installed",

@@ -10,7 +10,8 @@ from typing import Any
 from engine import findings as F
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
-from engine.manifest import ManifestError, load_plugin
+from engine.loader import load_plugin
+from engine.manifest import ManifestError
 from engine.runner import resolve_script
 from engine.runtimes import RUNTIMES, find_launcher
 

@@ -8,7 +8,7 @@ index.json's exact bytes), and a plugin installed from it must be listed in it (
 the entry has them). `require_signature = false` keeps a key but accepts an unsigned index; a bad signature is
 always refused.
 
-Pure Python; git runs through engine.install.
+Pure Python; git runs through engine/sources.py.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from django.db import close_old_connections, transaction
 
 from engine import bundles as B
 from engine.config import parse_service_config
-from engine.manifest import ManifestError, load_plugin
+from engine.loader import load_plugin
+from engine.manifest import ManifestError
 from plugins_app.models import ActivePlugin, EngineSetting, PluginBundle
 
 log = logging.getLogger("librefang.bundles")

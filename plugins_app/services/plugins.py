@@ -227,7 +227,7 @@ def uninstall_plugin(name: str, actor: str) -> dict:
     return result
 
 
-INSTALL_DEPS_WAIT_SECS = 330  # engine.requirements' own pip timeout (300 s) plus venv creation
+INSTALL_DEPS_WAIT_SECS = 330  # engine/requirements.py's own pip timeout (300 s) plus venv creation
 
 
 def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
@@ -258,7 +258,7 @@ def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
 
 
 def run_install_deps(name: str) -> dict:
-    """The work itself (on a worker): build the plugin's venv with engine.requirements."""
+    """The work itself (on a worker): build the plugin's venv with engine/requirements.py."""
     from engine import requirements as R
 
     entry = get_engine().catalog.get(name)

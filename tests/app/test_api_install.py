@@ -1,20 +1,12 @@
-"""engine.install on disk: symlinks never copied (files or directories), lockfile change detection, sources."""
+"""engine/install.py on disk: symlinks never copied (files or directories), lockfile change detection, sources."""
 
 import os
 
 import pytest
 
 from engine.home import Home
-from engine.install import (
-    InstallError,
-    Lockfile,
-    Source,
-    copy_tree,
-    file_hashes,
-    install,
-    local_changes,
-    uninstall,
-)
+from engine.install import Lockfile, install, local_changes, uninstall
+from engine.sources import InstallError, Source, copy_tree, file_hashes
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
 
 

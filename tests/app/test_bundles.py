@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from engine import bundles as B
-from engine.install import file_hashes
+from engine.sources import file_hashes
 from plugins_app import bus
 from plugins_app.models import ActivePlugin, EngineSetting, PluginBundle
 from plugins_app.services import bundles, jobs

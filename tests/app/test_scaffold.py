@@ -7,7 +7,8 @@ import pytest
 
 from engine import hooks as H
 from engine.runtimes import RUNTIMES, find_launcher
-from engine.scaffold import SCAFFOLD_HOOKS, SHAPES, ScaffoldError, plan
+from engine.scaffold import ScaffoldError, plan
+from engine.scaffold_templates import SCAFFOLD_HOOKS, SHAPES
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request

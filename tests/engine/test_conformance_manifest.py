@@ -13,7 +13,8 @@ import pytest
 from engine import protocol as P
 from engine.catalog import Catalog
 from engine.invoke import expand_env
-from engine.manifest import COMPAT_VERSION, ManifestError, load_plugin, parse_manifest_text
+from engine.loader import load_plugin
+from engine.manifest import COMPAT_VERSION, ManifestError, parse_manifest_text
 from engine.requirements import install_requirements
 from tests.plugin_factory import make_plugin, write_config
 
@@ -303,12 +304,13 @@ def test_findings_serialise_with_id_severity_message_and_hint():
 def test_every_finding_id_the_engine_emits_is_catalogued():
     import re
 
+    from engine import catalog, loader, manifest
     from engine.findings import ENGINE_FINDINGS
 
-    root = Path(__file__).resolve().parents[2] / "engine"
     emitted = set()
-    for name in ("manifest.py", "catalog.py"):
-        emitted |= set(re.findall(r'F\.(?:error|warning)\(\s*"([a-z_]+\.[a-z_]+)"', (root / name).read_text()))
+    for module in (manifest, loader, catalog):
+        text = Path(module.__file__).read_text()
+        emitted |= set(re.findall(r'F\.(?:error|warning)\(\s*"([a-z_]+\.[a-z_]+)"', text))
     assert emitted and emitted == set(ENGINE_FINDINGS)
 
 

@@ -112,7 +112,8 @@ def test_it_refuses_module_paths_that_escape_the_plugin(ehome, engine, tmp_path)
 
 
 def test_it_scaffolds_a_working_wasm_plugin(ehome, engine, sinks):
-    from engine.scaffold import SCAFFOLD_HOOKS, plan
+    from engine.scaffold import plan
+    from engine.scaffold_templates import SCAFFOLD_HOOKS
 
     files = plan("scaffy", 'says "hi"', "wasm", ["ingest", "assemble", "after_turn"]).files
     assert set(files) == {"plugin.toml", *(f"hooks/{h}.{ext}" for h in SCAFFOLD_HOOKS for ext in ("wasm", "wat"))}
@@ -120,7 +121,7 @@ def test_it_scaffolds_a_working_wasm_plugin(ehome, engine, sinks):
     for rel, data in files.items():
         (pdir / rel).parent.mkdir(parents=True, exist_ok=True)
         (pdir / rel).write_bytes(data)
-    from engine.manifest import load_plugin
+    from engine.loader import load_plugin
 
     loaded = load_plugin(pdir)
     assert loaded.manifest.runtime.runtime.tag == "wasm"
