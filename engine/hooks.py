@@ -37,7 +37,7 @@ def is_hook(name: str) -> bool:
 
 
 DEFAULT_TIMEOUT_SECS = 30.0  # a plugin's hook_timeout_secs when it sets none
-# bootstrap gets twice the plugin's hook timeout (what the scaffold tells plugin authors, engine/scaffold.py).
+# bootstrap gets twice the plugin's hook timeout (what the scaffold tells plugin authors, engine/plugins/scaffold.py).
 TIMEOUT_FACTOR = {BOOTSTRAP: 2}
 
 

@@ -16,11 +16,11 @@ from typing import Any
 from engine import default_engine as D
 from engine import hooks as H
 from engine import protocol as P
-from engine.catalog import Catalog
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
 from engine.invoke import Attempt, Judge, Overrides, invoke, retry_delay_ms
 from engine.overrides import BootstrapOverrides
+from engine.plugins.catalog import Catalog
 from engine.ports import (
     TEST_CONSOLE,
     InvocationSink,

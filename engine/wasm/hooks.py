@@ -12,7 +12,7 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
-from engine.loader import read_manifest
+from engine.plugins.loader import read_manifest
 from engine.protocol import Failure
 from engine.wasm.abi import (
     ABI_ERROR,
@@ -34,7 +34,7 @@ def config_path_of(call: Any) -> Path:
 
 
 def capabilities_of(call: Any) -> tuple[str, ...]:
-    """The plugin's `[wasm] capabilities`, from its manifest (parsed once per change, engine/loader.py)."""
+    """The plugin's `[wasm] capabilities`, from its manifest (parsed once per change, engine/plugins/loader.py)."""
     manifest = read_manifest(Path(call.plugin_dir))
     return manifest.wasm_capabilities if manifest is not None else ()
 

@@ -1,11 +1,11 @@
-"""A working wasm hook module from WAT, for the scaffold (engine/scaffold.py builds the plugin around it)."""
+"""A working wasm hook module from WAT, for the scaffold (engine/plugins/scaffold.py builds the plugin around it)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-# The constant replies of the scaffolded modules (engine/scaffold.py builds the plugin; its assemble and compact
+# The constant replies of the scaffolded modules (engine/plugins/scaffold.py builds the plugin; its assemble and compact
 # modules echo the request's messages instead, since an empty list makes every agent call fall back).
 SCAFFOLD_REPLIES = {
     "ingest": {"type": "ingest_result", "memories": []},

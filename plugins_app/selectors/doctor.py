@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.doctor import probe_all
-from engine.lint import hooks_valid, lint_plugin
+from engine.plugins.doctor import probe_all
+from engine.plugins.lint import hooks_valid, lint_plugin
 from plugins_app.selectors.tools import policy as wasm_policy
 from plugins_app.services.engine import get_engine, home
 

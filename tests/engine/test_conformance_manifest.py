@@ -1,4 +1,4 @@
-"""plugin.toml conformance (engine/manifest.py, docs/compatibility.md "Manifest"): every field, aliases and precedence, findings with stable
+"""plugin.toml conformance (engine/plugins/manifest.py, docs/compatibility.md "Manifest"): every field, aliases and precedence, findings with stable
 ids, [env] expansion, [integrity] on every load, min version, dependencies, [config], [i18n], requirements venv."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from engine import protocol as P
-from engine.catalog import Catalog
 from engine.invoke import expand_env
-from engine.loader import load_plugin
-from engine.manifest import COMPAT_VERSION, ManifestError, parse_manifest_text
-from engine.requirements import install_requirements
+from engine.plugins.catalog import Catalog
+from engine.plugins.loader import load_plugin
+from engine.plugins.manifest import COMPAT_VERSION, ManifestError, parse_manifest_text
+from engine.plugins.requirements import install_requirements
 from tests.plugin_factory import make_plugin, write_config
 
 ECHO = """
@@ -304,8 +304,8 @@ def test_findings_serialise_with_id_severity_message_and_hint():
 def test_every_finding_id_the_engine_emits_is_catalogued():
     import re
 
-    from engine import catalog, loader, manifest
     from engine.findings import ENGINE_FINDINGS
+    from engine.plugins import catalog, loader, manifest
 
     emitted = set()
     for module in (manifest, loader, catalog):
@@ -328,7 +328,7 @@ def test_install_requirements_result_unpacks_and_serialises(engine, ehome, tmp_p
 
 
 def test_it_serves_the_last_good_manifest_after_a_bad_edit_even_in_a_new_process(ehome):
-    from engine.catalog import Catalog
+    from engine.plugins.catalog import Catalog
     from tests.plugin_factory import make_plugin
 
     pdir = make_plugin(ehome.plugins_dir, "steady", {"ingest": "print('{}')\n"}, toml_extra="hook_timeout_secs = 7")

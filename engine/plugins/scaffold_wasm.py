@@ -4,8 +4,8 @@ fixed-reply ones)."""
 from __future__ import annotations
 
 from engine import hooks as H
-from engine.scaffold import ScaffoldError, ScaffoldPlan, manifest_text
-from engine.scaffold_templates import SHAPES, result_for
+from engine.plugins.scaffold import ScaffoldError, ScaffoldPlan, manifest_text
+from engine.plugins.scaffold_templates import SHAPES, result_for
 
 # An ABI v2 module that answers {"type": "<hook>_result", "messages": <the request's messages array>, ...}: it copies
 # the raw JSON array found after the first `"messages":` key (string-aware bracket matching), so the assemble and

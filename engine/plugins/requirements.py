@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.filecache import confine
-from engine.loader import read_manifest
+from engine.plugins.loader import read_manifest
 from engine.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024

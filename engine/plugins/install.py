@@ -1,4 +1,4 @@
-"""Plugin install, update and uninstall on disk: a fetched source (engine/sources.py) checked (manifest and
+"""Plugin install, update and uninstall on disk: a fetched source (engine/plugins/sources.py) checked (manifest and
 [integrity]) in a staging directory, then moved into place, and the lockfile $LIBREFANG_HOME/plugins.lock
 (per-file sha256).
 
@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine import registry as R
 from engine.home import Home
-from engine.loader import load_plugin
-from engine.manifest import NAME_RE, ManifestError, parse_manifest_text
-from engine.sources import (  # noqa: F401 - Source, InstallError and check_git_ref are part of this module's API
+from engine.plugins import registry as R
+from engine.plugins.loader import load_plugin
+from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
+from engine.plugins.sources import (  # noqa: F401 - Source, InstallError and check_git_ref are part of this module's API
     InstallError,
     Source,
     check_git_ref,

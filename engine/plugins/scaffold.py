@@ -2,7 +2,7 @@
 request from stdin, prints one JSON reply line) and runs as written.
 
 Differences from LibreFang's scaffold: `runtime` goes INSIDE `[hooks]` (LibreFang puts it at the top
-level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine/scaffold_wasm.py. The templates are in engine/scaffold_templates.py.
+level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine/plugins/scaffold_wasm.py. The templates are in engine/plugins/scaffold_templates.py.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 
 from engine import hooks as H
-from engine.manifest import NAME_RE
+from engine.plugins.manifest import NAME_RE
+from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS, SHAPES, TEXT_RUNTIMES, render
 from engine.runtimes import RUNTIMES, resolve_tag
-from engine.scaffold_templates import SCAFFOLD_HOOKS, SHAPES, TEXT_RUNTIMES, render
 
 DEFAULT_HOOKS: tuple[str, ...] = (H.INGEST, H.AFTER_TURN)
 MAX_DESCRIPTION = 500
@@ -122,7 +122,7 @@ def plan(name: str, description: str, runtime: str | None, hooks: list[str] | No
     chosen = normalise_hooks(hooks)
     written = [h for h in H.ALL_HOOKS if h in SCAFFOLD_HOOKS or h in chosen]
     if tag == "wasm":
-        from engine.scaffold_wasm import wasm_plan  # imports wasmtime: only for wasm plugins
+        from engine.plugins.scaffold_wasm import wasm_plan  # imports wasmtime: only for wasm plugins
 
         return wasm_plan(name, description, author, chosen, written)
     if tag not in TEXT_RUNTIMES:

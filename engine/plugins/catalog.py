@@ -17,7 +17,7 @@ from pathlib import Path
 from engine import findings as F
 from engine.findings import Finding
 from engine.home import Home
-from engine.loader import (
+from engine.plugins.loader import (
     LoadedPlugin,
     directory_findings,
     fingerprint,
@@ -25,7 +25,7 @@ from engine.loader import (
     manifest_path,
     verify_integrity,
 )
-from engine.manifest import NAME_RE, ManifestError, parse_manifest_text
+from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
 from engine.runtimes import find_launcher
 
 DISABLED_MARKER = ".disabled"
@@ -185,7 +185,7 @@ class PinnedCatalog:
     """The catalog as one job sees it: the plugins it names run from the given (bundle) directories, exactly that
     version; any other name falls back to the local catalog (absent on a worker host without an authoring dir).
 
-    Bundle directories never change (engine/bundles.py), so each is parsed once per process.
+    Bundle directories never change (engine/plugins/bundles.py), so each is parsed once per process.
     """
 
     _loaded: dict[Path, CatalogEntry] = {}

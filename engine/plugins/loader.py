@@ -1,4 +1,4 @@
-"""A plugin directory read and checked: plugin.toml parsed (engine/manifest.py), hook paths kept inside the
+"""A plugin directory read and checked: plugin.toml parsed (engine/plugins/manifest.py), hook paths kept inside the
 directory, dependencies installed, [integrity] verified; and `read_manifest`, the one cached plugin.toml reader for
 code that has a plugin directory but no catalog entry at hand."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from engine import findings as F
 from engine.filecache import FileCache, file_stamp
 from engine.findings import Finding
-from engine.manifest import NAME_RE, Manifest, ManifestError, parse_manifest_text
+from engine.plugins.manifest import NAME_RE, Manifest, ManifestError, parse_manifest_text
 
 
 @dataclass
@@ -33,7 +33,7 @@ class LoadedPlugin:
 def directory_findings(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
     """Load-time checks against the directory: hook paths stay inside it, dependencies are installed.
 
-    (Missing hook files, exec bits, required binaries and metadata are lint's findings: engine/lint.py.)
+    (Missing hook files, exec bits, required binaries and metadata are lint's findings: engine/plugins/lint.py.)
     """
     out: list[Finding] = []
     root = plugin_dir.resolve()

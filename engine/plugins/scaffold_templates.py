@@ -1,4 +1,4 @@
-"""The scaffold's hook templates, one set per text runtime (engine/scaffold.py writes them into a new plugin).
+"""The scaffold's hook templates, one set per text runtime (engine/plugins/scaffold.py writes them into a new plugin).
 
 Every template must pass the checks an agent call applies (engine/stack.py `judge_for`): assemble and compact
 return the incoming messages (trimmed), never an empty list, which the engine would refuse and fall back on.

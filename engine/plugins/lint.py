@@ -10,8 +10,8 @@ from typing import Any
 from engine import findings as F
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
-from engine.loader import load_plugin
-from engine.manifest import ManifestError
+from engine.plugins.loader import load_plugin
+from engine.plugins.manifest import ManifestError
 from engine.runner import resolve_script
 from engine.runtimes import RUNTIMES, find_launcher
 

@@ -1,4 +1,4 @@
-"""Where a plugin comes from and how it is fetched: a local path, a git URL or a registry (engine/registry.py),
+"""Where a plugin comes from and how it is fetched: a local path, a git URL or a registry (engine/plugins/registry.py),
 copied without symlinks and within size limits. InstallError is the refusal of any install step."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import registry as R
 from engine.errors import ServiceError
-from engine.manifest import NAME_RE
+from engine.plugins import registry as R
+from engine.plugins.manifest import NAME_RE
 
 SKIP_NAMES = {".git", "__pycache__", ".disabled", ".DS_Store"}
 MAX_FILES = 5000
@@ -224,7 +224,7 @@ def registry_listing(root: Path, cfg: R.RegistryConfig) -> R.Listing:
 def fetched(source: Source, default_registry: str | None = None,
             registries: Sequence[R.RegistryConfig] = ()) -> Iterator[tuple[Path, dict]]:
     """Yields (directory holding the plugin, provenance) for a source; temp files are removed afterwards.
-    A registry with a configured public key must vouch for the plugin in its signed index (engine/registry.py)."""
+    A registry with a configured public key must vouch for the plugin in its signed index (engine/plugins/registry.py)."""
     with tempfile.TemporaryDirectory(prefix="lf-install-") as tmp:
         tmpdir = Path(tmp)
         if source.kind == "local":
