@@ -11,7 +11,7 @@ from typing import Any
 
 from engine import default_engine as D
 from engine.overrides import restore_pinned
-from engine.ports import Summarizer
+from engine.ports import MemoryStore, Summarizer
 
 log = logging.getLogger("librefang.engine")
 
@@ -105,3 +105,29 @@ def accept_transform(req: dict, summarizer: Callable[[], Summarizer | None]) -> 
             new = json.dumps(new, ensure_ascii=False)
         return {"type": "transformed", "content": new, "result": new}, None, []
     return accept
+
+
+def apply_after_turn_reply(plugin: str, reply: dict, req: dict, memory: MemoryStore,
+                           forward: Callable[[dict], None] | None) -> int:
+    """after_turn replies may carry memories (stored; their number is returned), log (logged), annotations (on the
+    trace, engine/invoke.py) and events (each handed to `forward` as an on_event request, when given)."""
+    stored = 0
+    memories = reply.get("memories")
+    for m in memories if isinstance(memories, list) else []:
+        if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip():
+            tags = [str(t) for t in (m.get("tags") or []) if isinstance(t, str | int | float)][:16] \
+                if isinstance(m.get("tags"), list) else []
+            try:
+                memory.remember(str(req.get("agent_id") or ""), req.get("peer_id"), m["content"],
+                                scope=",".join(tags) or "hook", tags=tags, source=plugin)
+                stored += 1
+            except Exception:
+                log.warning("storing a memory from %s failed", plugin, exc_info=True)
+    if isinstance(reply.get("log"), str):
+        log.info("after_turn log from %s: %s", plugin, reply["log"][:512])
+    events = reply.get("events")
+    if isinstance(events, list) and forward is not None:
+        for ev in events:
+            if isinstance(ev, dict) and isinstance(ev.get("name"), str):
+                forward({"event": {"name": ev["name"], "payload": ev.get("payload"), "source_plugin": plugin}})
+    return stored

@@ -32,7 +32,7 @@ from engine.ports import (
     StderrSink,
     Summarizer,
 )
-from engine.replies import memories_from
+from engine.replies import apply_after_turn_reply, memories_from
 from engine.requests import normalise
 from engine.resilience import CircuitBreakers, TtlCache
 from engine.runner import HookResult
@@ -358,34 +358,15 @@ class ContextEngine:
 
     def _apply_after_turn_reply(self, a: Attempt, req: dict, chain: list[str], cfg: ServiceConfig,
                                 job_id: str | None) -> int:
-        """after_turn replies may carry memories (stored), log (logged), annotations (on the trace, see invoke)
-        and events (to the other stack members' on_event; only in a stack, self-events skipped)."""
-        reply = a.reply
-        stored = 0
-        memories = reply.get("memories")
-        for m in memories if isinstance(memories, list) else []:
-            if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip():
-                tags = [str(t) for t in (m.get("tags") or []) if isinstance(t, str | int | float)][:16] \
-                    if isinstance(m.get("tags"), list) else []
-                try:
-                    self.deps.memory.remember(str(req.get("agent_id") or ""), req.get("peer_id"), m["content"],
-                                              scope=",".join(tags) or "hook", tags=tags, source=a.plugin)
-                    stored += 1
-                except Exception:
-                    log.warning("storing a memory from %s failed", a.plugin, exc_info=True)
-        if isinstance(reply.get("log"), str):
-            log.info("after_turn log from %s: %s", a.plugin, reply["log"][:512])
-        events = reply.get("events")
-        if isinstance(events, list) and len(chain) > 1:
-            for ev in events:
-                if not isinstance(ev, dict) or not isinstance(ev.get("name"), str):
-                    continue
-                event_req = {"event": {"name": ev["name"], "payload": ev.get("payload"), "source_plugin": a.plugin}}
-                for other in chain:
-                    if other != a.plugin:
-                        # best-effort, no retries, output ignored (LibreFang)
-                        self._run(other, H.ON_EVENT, event_req, cfg, job_id)
-        return stored
+        """What an after_turn reply carries beyond `ok` (engine/replies.py); its events go to the other stack
+        members' on_event (only in a stack, self-events skipped; best-effort, no retries, output ignored:
+        LibreFang)."""
+        others = [n for n in chain if n != a.plugin] if len(chain) > 1 else []
+
+        def forward(event_req: dict) -> None:
+            for other in others:
+                self._run(other, H.ON_EVENT, event_req, cfg, job_id)
+        return apply_after_turn_reply(a.plugin, a.reply, req, self.deps.memory, forward if others else None)
 
     def overrides_for(self, plugin: str) -> Overrides | None:
         """What the plugin's last bootstrap reply changed (None: no bootstrap override). One stat per call."""

@@ -44,7 +44,7 @@ _made_dirs: set[str] = set()
 
 def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                   policy: WasmPolicy | None = None, capabilities: tuple[str, ...] | None = None) -> Any:
-    """Run one `runtime = "wasm"` hook (an engine.runner.HookCall); an engine.runner.HookResult, never raises.
+    """Run one `runtime = "wasm"` hook (a HookCall of engine/runner.py); its HookResult, never raises.
 
     `policy` defaults to the one in the call's config.toml, `capabilities` to the plugin manifest's."""
     from engine.runner import HookResult, build_env, locate_script
