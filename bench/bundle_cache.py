@@ -1,7 +1,7 @@
 """The cost of a bundle cache miss (first call of a plugin version on a host) against a hit and a hook spawn.
 
 A miss: unpack the gzip tarball into $LIBREFANG_HOME/bundles/<hash>/<plugin>/, hash every file to verify it, make it
-read-only (engine/bundles.py, materialise); fetching the blob from the database comes on top (one row by primary
+read-only (engine/plugins/bundles.py, materialise); fetching the blob from the database comes on top (one row by primary
 key). A hit: the `stat` that finds the directory. The spawn: `python3 -c pass`, the floor of any Python hook call.
 
     .venv/bin/python bench/bundle_cache.py [rounds]
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import bundles as B  # noqa: E402
-from engine.scaffold import plan  # noqa: E402
+from engine.plugins import bundles as B  # noqa: E402
+from engine.plugins.scaffold import plan  # noqa: E402
 
 
 def ms(samples: list[float]) -> str:

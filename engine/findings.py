@@ -31,8 +31,8 @@ def has_errors(findings: list[Finding]) -> bool:
     return any(f.severity == ERROR for f in findings)
 
 
-# The stable ids the engine itself emits (engine/manifest.py, engine/catalog.py), with what each means. Lint and
-# doctor (engine/lint.py, engine/doctor.py) add their own ids on top. Ids never change meaning once published.
+# The stable ids the engine itself emits (engine/plugins/manifest.py, engine/plugins/catalog.py), with what each means. Lint and
+# doctor (engine/plugins/lint.py, engine/plugins/doctor.py) add their own ids on top. Ids never change meaning once published.
 ENGINE_FINDINGS: dict[str, str] = {
     "manifest.missing": "error: the plugin directory has no plugin.toml",
     "manifest.unreadable": "error: plugin.toml cannot be read or is not UTF-8",
@@ -42,7 +42,7 @@ ENGINE_FINDINGS: dict[str, str] = {
     "manifest.name_invalid": "error: name is not 1-128 ASCII letters/digits/'-'/'_'",
     "manifest.name_mismatch": "error: name differs from the directory name",
     "manifest.min_version_invalid": "error: librefang_min_version is not a version",
-    "manifest.min_version_unmet": "error: librefang_min_version is newer than engine.manifest.COMPAT_VERSION",
+    "manifest.min_version_unmet": "error: librefang_min_version is newer than COMPAT_VERSION (engine/plugins/manifest.py)",
     "manifest.hook_path_traversal": "error: a hook path is absolute or contains '..'",
     "manifest.hook_path_escape": "error: a hook path resolves (symlink) outside the plugin directory",
     "manifest.depends_missing": "error: a plugin named in plugin_depends is not installed",

@@ -1,4 +1,9 @@
-"""The hook names of the LibreFang context-engine protocol and which of them block an agent's turn."""
+"""The hook names of the LibreFang context-engine protocol, which of them block an agent's turn, and how long one
+layer may take (`timeout_for`)."""
+
+from __future__ import annotations
+
+from typing import Any
 
 INGEST = "ingest"
 ASSEMBLE = "assemble"
@@ -29,3 +34,15 @@ FIRE_AND_FORGET_HOOKS = frozenset({AFTER_TURN, ON_EVENT})
 
 def is_hook(name: str) -> bool:
     return name in ALL_HOOKS
+
+
+DEFAULT_TIMEOUT_SECS = 30.0  # a plugin's hook_timeout_secs when it sets none
+# bootstrap gets twice the plugin's hook timeout (what the scaffold tells plugin authors, engine/plugins/scaffold.py).
+TIMEOUT_FACTOR = {BOOTSTRAP: 2}
+
+
+def timeout_for(hook: str, settings: Any = None) -> float:
+    """The time one attempt of `hook` may take: the plugin's `hook_timeout_secs` (its [hooks] settings; None: the
+    default), doubled for bootstrap. The one place this rule is written."""
+    base = settings.hook_timeout_secs if settings is not None else DEFAULT_TIMEOUT_SECS
+    return base * TIMEOUT_FACTOR.get(hook, 1)

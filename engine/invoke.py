@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import protocol as P
-from engine.catalog import CatalogEntry
 from engine.home import Home
-from engine.manifest import env_reference
+from engine.plugins.catalog import CatalogEntry
+from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.protocol import Failure
 from engine.runner import HookCall, HookResult, StderrCallback, run_hook

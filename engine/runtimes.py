@@ -104,7 +104,7 @@ class ResolvedRuntime:
 
 def resolve_tag(tag: str | None) -> ResolvedRuntime:
     """Map a manifest tag to a runtime. Unknown tags resolve to python with a `warning` (LibreFang's rule); the
-    manifest turns that warning into an error (engine/manifest.py), so such a plugin never serves."""
+    manifest turns that warning into an error (engine/plugins/manifest.py), so such a plugin never serves."""
     raw = (tag or "").strip()
     if "/" in raw or "\\" in raw:
         return ResolvedRuntime(Runtime("custom", None, install_hint="Check the launcher path and its exec bit."), raw)

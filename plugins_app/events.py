@@ -11,9 +11,7 @@ import asyncio
 import hashlib
 import json
 import logging
-import queue
 import re
-import threading
 import time
 from typing import Any
 
@@ -21,6 +19,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from plugins_app import bus
+from plugins_app.batching import BatchWriter
 
 log = logging.getLogger("librefang.events")
 TAIL_LEN = 500  # lines kept per plugin (and for "all") for reconnecting browsers
@@ -66,87 +65,49 @@ def dropped_count() -> int:
     return int(bus.client().get(_dropped_key()) or 0)
 
 
-class StderrPublisher:
+class StderrPublisher(BatchWriter[dict]):
     """Implements engine.ports.StderrSink: queue the line and return at once."""
 
-    def __init__(self) -> None:
-        self._q: queue.Queue[dict] = queue.Queue(maxsize=QUEUE_MAX)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._dropped = 0
+    thread_name = "stderr-publisher"
+    batch_max = BATCH_MAX
+    queue_max = QUEUE_MAX
 
     def line(self, plugin: str, hook: str, line: str, trace_id: str) -> None:
-        self._ensure_thread()
-        item = {"plugin": plugin, "hook": hook, "line": line[:8192], "ts": time.time(), "trace_id": trace_id}
-        try:
-            self._q.put_nowait(item)
-        except queue.Full:
-            with self._lock:
-                self._dropped += 1
+        self.put({"plugin": plugin, "hook": hook, "line": line[:8192], "ts": time.time(), "trace_id": trace_id})
 
-    def flush(self, timeout: float = 5.0) -> None:
-        """Wait until everything queued so far is published (tests, shutdown)."""
-        end = time.monotonic() + timeout
-        while (self._q.unfinished_tasks) and time.monotonic() < end:
-            time.sleep(0.01)
+    def start(self) -> None:
+        # the writer thread drives its own event loop, only to publish a batch
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._layer = get_channel_layer()
+        self._redis = bus.client()
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="stderr-publisher", daemon=True)
-                    self._thread.start()
-
-    def _run(self) -> None:
-        # The thread blocks on the queue itself (no executor hop per batch: lower latency, nothing left to join at
-        # interpreter exit) and drives its own event loop only to publish a batch.
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        layer = get_channel_layer()
-        r = bus.client()
-        while True:
-            first = self._q.get()
-            batch = [first]
-            while len(batch) < BATCH_MAX:
-                try:
-                    batch.append(self._q.get_nowait())
-                except queue.Empty:
-                    break
-            self._publish_with_retry(loop, layer, r, batch)
-
-    def _publish_with_retry(self, loop: asyncio.AbstractEventLoop, layer: Any, r: Any, batch: list[dict]) -> None:
+    def write(self, batch: list[dict]) -> None:
         """Redis down: keep the batch and retry with a capped backoff (0.1 s doubling to 2 s) while new lines
         queue up (beyond QUEUE_MAX they are counted as dropped); another error drops the batch, counted."""
         delay = 0.0
-        try:
-            while True:
-                try:
-                    loop.run_until_complete(self._publish(layer, r, batch))
-                    if delay:
-                        log.warning("stderr publisher: Redis is back")
-                    return
-                except bus.REDIS_DOWN as exc:
-                    if not delay:
-                        log.warning("stderr publisher: Redis unreachable (%s); holding %d line(s)", exc, len(batch))
-                    delay = min(2.0, delay * 2 or 0.1)
-                    time.sleep(delay)
-                except Exception:
-                    log.exception("publishing %d stderr lines failed", len(batch))
-                    with self._lock:
-                        self._dropped += len(batch)
-                    return
-        finally:
-            for _ in batch:
-                self._q.task_done()
+        while True:
+            try:
+                self._loop.run_until_complete(self._publish(self._layer, self._redis, batch))
+                if delay:
+                    log.warning("stderr publisher: Redis is back")
+                return
+            except bus.REDIS_DOWN as exc:
+                if not delay:
+                    log.warning("stderr publisher: Redis unreachable (%s); holding %d line(s)", exc, len(batch))
+                delay = min(2.0, delay * 2 or 0.1)
+                time.sleep(delay)
+            except Exception:
+                log.exception("publishing %d stderr lines failed", len(batch))
+                self.count_dropped(len(batch))
+                return
 
     async def _publish(self, layer: Any, r: Any, batch: list[dict]) -> None:
-        with self._lock:
-            dropped, self._dropped = self._dropped, 0
+        dropped = self.take_dropped()
         try:
             self._store_tail(r, batch, dropped)
         except BaseException:
-            with self._lock:
-                self._dropped += dropped
+            self.count_dropped(dropped)
             raise
         by_plugin: dict[str, list[dict]] = {}
         for item in batch:

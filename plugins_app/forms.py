@@ -7,8 +7,8 @@ import json
 from django import forms
 
 from engine.hooks import ALL_HOOKS
+from engine.plugins.scaffold import DEFAULT_HOOKS, MAX_DESCRIPTION
 from engine.runtimes import RUNTIMES
-from engine.scaffold import DEFAULT_HOOKS, MAX_DESCRIPTION
 from plugins_app.models import Role
 from plugins_app.selectors import dashboard
 

@@ -170,7 +170,7 @@ class IdempotentResponse(models.Model):
 
 
 class PluginBundle(models.Model):
-    """One plugin version, content-addressed (engine/bundles.py): what any worker host runs for that hash."""
+    """One plugin version, content-addressed (engine/plugins/bundles.py): what any worker host runs for that hash."""
 
     hash = models.CharField(max_length=64, primary_key=True)
     plugin = models.CharField(max_length=128, db_index=True)

@@ -12,16 +12,14 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import ValidationError as PydanticValidationError
 
-from plugins_app.services.plugins import PluginError
+from engine.errors import ServiceError
 
 
-class ApiError(Exception):
+class ApiError(ServiceError):
+    """A refusal raised by a route itself (status first, as routes read best)."""
+
     def __init__(self, status: int, code: str, message: str, details: Any = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details
+        super().__init__(code, message, status, details)
 
 
 def json_response(data: Any, status: int = 200) -> HttpResponse:
@@ -55,13 +53,9 @@ def install_handlers(api: NinjaAPI) -> None:
     def respond(request: HttpRequest, status: int, code: str, message: str, details: Any = None) -> HttpResponse:
         return api.create_response(request, envelope(code, message, details), status=status)
 
-    @api.exception_handler(ApiError)
-    def _api_error(request, exc: ApiError):
-        return respond(request, exc.status, exc.code, exc.message, exc.details)
-
-    @api.exception_handler(PluginError)
-    def _plugin_error(request, exc: PluginError):
-        # lifecycle services raise PluginError(code, message, status, details): routes just call them
+    @api.exception_handler(ServiceError)
+    def _service_error(request, exc: ServiceError):
+        # ApiError from routes; PluginError, InstallError, ToolError from the services and engine they call
         return respond(request, exc.status, exc.code, exc.message, exc.details)
 
     @api.exception_handler(ValidationError)

@@ -10,7 +10,6 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from ninja.security import HttpBearer
 
-from engine import wasm_tools as T
 from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import actor, for_action
 from plugins_app.auth import allows, lookup
@@ -45,9 +44,6 @@ READ = _Roles(lambda t: t.role == Role.AGENT or allows(t, Role.VIEWER), "an agen
 RUN = _Roles(lambda t: t.role in (Role.AGENT, Role.OWNER), "the agent or owner role")
 
 
-def _tool_error(exc: T.ToolError) -> ApiError:
-    return ApiError(exc.status, exc.code, exc.message)
-
 
 def _upload(request: HttpRequest, field: str) -> bytes | None:
     upload = request.FILES.get(field)
@@ -70,23 +66,20 @@ async def install(request):
     A worker unpacks it (never this process), refusing links, `..`, more than 64 entries and anything that expands
     past the module size policy; 413 for a package too large, 504 when no worker answered."""
     upload = request.FILES.get("package")
-    try:
-        if upload is None and request.content_type == "application/json":
-            body = parse_body(request)
-            if not isinstance(body.get("url"), str) or not body["url"]:
-                raise ApiError(400, "validation_error", 'a JSON body needs "url" (and optionally "sha256")')
-            sha = body.get("sha256") if isinstance(body.get("sha256"), str) else None
-            info = await tool_service.install(actor(request), url=body["url"], sha256=sha, source="url")
-            return json_response(info, 201)
-        if upload is None and request.content_type and request.content_type.startswith("multipart/"):
-            raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
-        if upload is None and not request.body:
-            raise ApiError(400, "validation_error", "send the package tar as the body, as a multipart `package` "
-                                                    'file, or {"url": …, "sha256": …}')
-        chunks = upload.chunks() if upload is not None else [request.body]
-        info = await tool_service.install(actor(request), chunks=chunks, source="local")
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    if upload is None and request.content_type == "application/json":
+        body = parse_body(request)
+        if not isinstance(body.get("url"), str) or not body["url"]:
+            raise ApiError(400, "validation_error", 'a JSON body needs "url" (and optionally "sha256")')
+        sha = body.get("sha256") if isinstance(body.get("sha256"), str) else None
+        info = await tool_service.install(actor(request), url=body["url"], sha256=sha, source="url")
+        return json_response(info, 201)
+    if upload is None and request.content_type and request.content_type.startswith("multipart/"):
+        raise ApiError(400, "validation_error", "multipart upload needs a `package` file field")
+    if upload is None and not request.body:
+        raise ApiError(400, "validation_error", "send the package tar as the body, as a multipart `package` "
+                                                'file, or {"url": …, "sha256": …}')
+    chunks = upload.chunks() if upload is not None else [request.body]
+    info = await tool_service.install(actor(request), chunks=chunks, source="local")
     return json_response(info, 201)
 
 
@@ -96,10 +89,7 @@ def package(request):
     manifest, wasm = _upload(request, "manifest"), _upload(request, "wasm")
     if manifest is None or wasm is None:
         raise ApiError(400, "validation_error", "multipart fields `manifest` and `wasm` are both required")
-    try:
-        data = tool_service.package(manifest, wasm)
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    data = tool_service.package(manifest, wasm)
     name = f"{json.loads(manifest)['id']}.tar"  # package() validated the manifest
     response = HttpResponse(data, content_type="application/x-tar")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
@@ -108,10 +98,7 @@ def package(request):
 
 @router.get("/{tool_id}", auth=READ, response={200: dict, **ERRORS}, operation_id="tools_get")
 def get_tool(request, tool_id: str):
-    try:
-        return json_response(tool_selectors.get_tool(tool_id))
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    return json_response(tool_selectors.get_tool(tool_id))
 
 
 @router.post("/{tool_id}/execute", auth=RUN, response={200: dict, **ERRORS, 503: ErrorEnvelope, 504: dict},
@@ -125,19 +112,13 @@ async def execute(request, tool_id: str):
     data = parse_body(request)
     if "input" not in data:
         raise ApiError(400, "validation_error", "the body needs an `input` field (the tool-call argument string)")
-    try:
-        text = tool_service.check_input(data["input"])
-        status, body = await tool_service.execute(tool_id, text)
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    text = tool_service.check_input(data["input"])
+    status, body = await tool_service.execute(tool_id, text)
     return json_response(body, status)
 
 
 def _toggle(request, tool_id: str, enabled: bool):
-    try:
-        return json_response(tool_service.set_enabled(tool_id, enabled, actor(request)))
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    return json_response(tool_service.set_enabled(tool_id, enabled, actor(request)))
 
 
 @router.post("/{tool_id}/enable", auth=for_action("tools_enable"), response={200: dict, **ERRORS},
@@ -155,8 +136,5 @@ def disable(request, tool_id: str):
 @router.delete("/{tool_id}", auth=for_action("tools_remove"), response={200: dict, **ERRORS},
                operation_id="tools_remove")
 def remove(request, tool_id: str, version: str | None = None):
-    try:
-        removed = tool_service.remove(tool_id, actor(request), version)
-    except T.ToolError as exc:
-        raise _tool_error(exc) from exc
+    removed = tool_service.remove(tool_id, actor(request), version)
     return json_response({"removed": removed, "id": tool_id})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.manifest import manifest_path
+from engine.plugins.loader import manifest_path
 from plugins_app.selectors import traces as trace_selectors
 from plugins_app.services.engine import get_engine
 

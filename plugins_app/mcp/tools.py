@@ -14,7 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app import bus
 from plugins_app.mcp import tokens
 from plugins_app.schemas import HOOK_REQUEST_SCHEMAS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import hooks as H
-from engine.lint import hooks_valid
+from engine.plugins.lint import hooks_valid
 from plugins_app.services.engine import get_engine, home
 
 

@@ -9,7 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from engine.hooks import ALL_HOOKS
-from engine.manifest import NAME_RE
+from engine.plugins.manifest import NAME_RE
 from engine.runtimes import RUNTIMES, find_launcher
 from plugins_app.models import ApiToken, AuditEntry, HookMetric, HookMetricBucket
 from plugins_app.selectors import config as config_selectors

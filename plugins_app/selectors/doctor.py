@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from engine.doctor import probe_all
-from engine.lint import hooks_valid, lint_plugin
+from engine.plugins.doctor import probe_all
+from engine.plugins.lint import hooks_valid, lint_plugin
+from plugins_app.selectors.tools import policy as wasm_policy
 from plugins_app.services.engine import get_engine, home
 
 
@@ -28,7 +29,7 @@ def doctor(fresh: bool = False) -> dict:
         else:
             available = bool(status and status.available)
             hint = status.install_hint if status else ""
-        report = lint_plugin(entry.dir, installed)
+        report = lint_plugin(entry.dir, installed, wasm_policy())
         plugins.append({
             "name": name,
             "runtime": label,
@@ -48,4 +49,4 @@ def lint(name: str) -> dict:
     catalog = get_engine().catalog
     if not catalog.exists(name):
         raise KeyError(name)
-    return lint_plugin(home().plugin_dir(name), set(catalog.names())).to_dict()
+    return lint_plugin(home().plugin_dir(name), set(catalog.names()), wasm_policy()).to_dict()

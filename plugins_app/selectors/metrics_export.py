@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
 from engine import quantiles
 from plugins_app.models import HookMetric
 
@@ -33,48 +36,40 @@ def summary() -> dict:
             "plugins": {p: _stats(*v) for p, v in sorted(plugins.items())}}
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _HookMetrics:
+    """A prometheus_client collector over the HookMetric rows, read when the exposition is generated."""
+
+    def collect(self):
+        rows = list(HookMetric.objects.all())
+        labels = ["plugin", "hook"]
+        calls = CounterMetricFamily("librefang_hook_calls", "Hook invocations (retries count separately).",
+                                    labels=labels)
+        errors = CounterMetricFamily("librefang_hook_errors", "Failed hook invocations.", labels=labels)
+        latency = CounterMetricFamily("librefang_hook_latency_ms", "Summed latency of all invocations, failures "
+                                      "included.", labels=labels)
+        duration = HistogramMetricFamily("librefang_hook_duration_ms", "Hook latency in milliseconds.",
+                                         labels=labels)
+        quantile = GaugeMetricFamily("librefang_hook_latency_quantile_ms", "Measured latency quantiles since the "
+                                     "last reset (within 1 % of the samples).", labels=[*labels, "quantile"])
+        console = CounterMetricFamily("librefang_hook_test_console_calls", "Test-console runs (not agent traffic).",
+                                      labels=labels)
+        for m in rows:
+            key = [m.plugin, m.hook]
+            calls.add_metric(key, m.calls)
+            errors.add_metric(key, m.failures)
+            latency.add_metric(key, round(m.latency_ms_total, 3))
+            buckets = [(str(bound), quantiles.count_at_most(m.histogram, bound)) for bound in BUCKETS_MS]
+            duration.add_metric(key, [*buckets, ("+Inf", m.calls)], round(m.latency_ms_total, 3))
+            for q in QUANTILES:
+                value = quantiles.quantile(m.histogram, q)
+                if value is not None:
+                    quantile.add_metric([*key, str(q)], round(value, 3))
+            console.add_metric(key, m.console_calls)
+        yield from (calls, errors, latency, duration, quantile, console)
 
 
 def prometheus() -> str:
-    """Text exposition format 0.0.4: counters per plugin/hook and a latency histogram."""
-    rows = list(HookMetric.objects.all())
-    out: list[str] = []
-
-    def family(name: str, kind: str, help_text: str) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-
-    family("librefang_hook_calls_total", "counter", "Hook invocations (retries count separately).")
-    for m in rows:
-        out.append(f'librefang_hook_calls_total{{plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"}} {m.calls}')
-    family("librefang_hook_errors_total", "counter", "Failed hook invocations.")
-    for m in rows:
-        out.append(f'librefang_hook_errors_total{{plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"}} {m.failures}')
-    family("librefang_hook_latency_ms_total", "counter", "Summed latency of all invocations, failures included.")
-    for m in rows:
-        out.append(f'librefang_hook_latency_ms_total{{plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"}} '
-                   f"{m.latency_ms_total:.3f}")
-    family("librefang_hook_duration_ms", "histogram", "Hook latency in milliseconds.")
-    for m in rows:
-        labels = f'plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"'
-        for bound in BUCKETS_MS:
-            out.append(f'librefang_hook_duration_ms_bucket{{{labels},le="{bound}"}} '
-                       f"{quantiles.count_at_most(m.histogram, bound)}")
-        out.append(f'librefang_hook_duration_ms_bucket{{{labels},le="+Inf"}} {m.calls}')
-        out.append(f"librefang_hook_duration_ms_sum{{{labels}}} {m.latency_ms_total:.3f}")
-        out.append(f"librefang_hook_duration_ms_count{{{labels}}} {m.calls}")
-    family("librefang_hook_latency_quantile_ms", "gauge",
-           "Measured latency quantiles since the last reset (within 1 % of the samples).")
-    for m in rows:
-        labels = f'plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"'
-        for q in QUANTILES:
-            value = quantiles.quantile(m.histogram, q)
-            if value is not None:
-                out.append(f'librefang_hook_latency_quantile_ms{{{labels},quantile="{q}"}} {value:.3f}')
-    family("librefang_hook_test_console_calls_total", "counter", "Test-console runs (not agent traffic).")
-    for m in rows:
-        out.append(f'librefang_hook_test_console_calls_total{{plugin="{_label(m.plugin)}",hook="{_label(m.hook)}"}} '
-                   f"{m.console_calls}")
-    return "\n".join(out) + "\n"
+    """Text exposition format 0.0.4 (CONTENT_TYPE_LATEST): counters per plugin/hook and a latency histogram."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_HookMetrics())
+    return generate_latest(registry).decode("utf-8")

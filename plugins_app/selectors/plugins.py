@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.catalog import CatalogEntry
 from engine.hooks import ALL_HOOKS
+from engine.plugins.catalog import CatalogEntry
 from engine.runner import resolve_script
 from plugins_app.services.engine import get_engine
 

@@ -1,10 +1,10 @@
 """What the configured plugin registries offer (GET /plugins/registries, /plugins/registry/search), read through
-engine/registry.py: a signed index is verified against the operator's key before anything in it is shown."""
+engine/plugins/registry.py: a signed index is verified against the operator's key before anything in it is shown."""
 
 from __future__ import annotations
 
-from engine import install as I
-from engine import registry as R
+from engine.plugins import install as I
+from engine.plugins import registry as R
 from plugins_app.services.engine import get_engine
 from plugins_app.services.plugins import PluginError, registry_configs
 

@@ -10,15 +10,15 @@ import re
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.utils import timezone
 
-from engine.catalog import LAST_GOOD_FILE
 from engine.filecache import tree_size
-from engine.requirements import VENV_DIRS
+from engine.plugins.catalog import LAST_GOOD_FILE
+from engine.plugins.requirements import VENV_DIRS
 from plugins_app.models import HookTrace
 from plugins_app.services.engine import get_engine, home
 
 MAX_FILES_LISTED = 500
 # Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
-# loaded (engine/catalog.py). State routes neither list nor wipe them.
+# loaded (engine/plugins/catalog.py). State routes neither list nor wipe them.
 SERVICE_OWNED = frozenset(VENV_DIRS) | {LAST_GOOD_FILE}
 SECRET_WORDS = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL|PASSWD", re.IGNORECASE)
 

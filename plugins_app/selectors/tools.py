@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import wasm as W
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app.services.engine import home
 
 
@@ -15,8 +15,7 @@ def policy() -> W.WasmPolicy:
 
 def policy_error() -> str | None:
     """The config.toml problem that keeps the previous wasm policy serving, if any."""
-    cache = W._policy_caches.get(home().config_path)
-    return cache.error if cache is not None else None
+    return W.policy_error(home().config_path)
 
 
 def list_tools() -> list[dict[str, Any]]:
@@ -25,7 +24,7 @@ def list_tools() -> list[dict[str, Any]]:
 
 
 def get_tool(tool_id: str) -> dict[str, Any]:
-    """Raises engine.wasm_tools.ToolError (404) for an unknown id."""
+    """Raises engine.wasm.tools.ToolError (404) for an unknown id."""
     return T.describe(T.get_tool(home(), tool_id), policy())
 
 

@@ -54,7 +54,7 @@ def _plan(name: str, hook: str | None) -> tuple[list[str], dict[str, float]]:
         if h not in declared:
             raise PluginError("hook_not_declared", f"plugin {name!r} does not declare the {h} hook", 400,
                               {"declared": declared})
-    return hooks, {h: settings.hook_timeout_secs * (2 if h == H.BOOTSTRAP else 1) for h in hooks}
+    return hooks, {h: H.timeout_for(h, settings) for h in hooks}
 
 
 async def benchmark(name: str, hook: str | None, request: dict | None, runs: int, actor: str, run=None) -> dict:

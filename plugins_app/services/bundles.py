@@ -1,4 +1,4 @@
-"""Plugin versions in the database, so workers on any host run the same code (engine/bundles.py).
+"""Plugin versions in the database, so workers on any host run the same code (engine/plugins/bundles.py).
 
 Web tier: scaffold/install/update/reload/edit publish the plugin directory as a bundle and make it the active one;
 uninstall retires it. With LIBREFANG_PIN_BUNDLES=1 every hook job names the active bundle of each enabled plugin
@@ -21,9 +21,10 @@ from pathlib import Path
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from engine import bundles as B
 from engine.config import parse_service_config
-from engine.manifest import ManifestError, load_plugin
+from engine.plugins import bundles as B
+from engine.plugins.loader import load_plugin
+from engine.plugins.manifest import ManifestError
 from plugins_app.models import ActivePlugin, EngineSetting, PluginBundle
 
 log = logging.getLogger("librefang.bundles")

@@ -118,7 +118,7 @@ def engine_for_job(bundles: dict[str, str] | None, config_text: str = "") -> Con
     the process engine's caches and pools. Without bundles: the process engine, unchanged."""
     import copy
 
-    from engine.catalog import PinnedCatalog
+    from engine.plugins.catalog import PinnedCatalog
     from plugins_app.services.bundles import materialise
 
     base = get_engine()

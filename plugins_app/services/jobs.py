@@ -9,7 +9,7 @@ import time
 from django.db import IntegrityError, close_old_connections
 
 from engine import protocol as P
-from engine.bundles import BundleError
+from engine.plugins.bundles import BundleError
 from engine.ports import CURRENT_ORIGIN
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord

@@ -18,11 +18,12 @@ from typing import Any
 
 from django.db import IntegrityError
 
-from engine import install as I
-from engine import registry as R
-from engine.catalog import DISABLED_MARKER
-from engine.manifest import NAME_RE, ManifestError
-from engine.scaffold import ScaffoldError, plan
+from engine.errors import ServiceError
+from engine.plugins import install as I
+from engine.plugins import registry as R
+from engine.plugins.catalog import DISABLED_MARKER
+from engine.plugins.manifest import NAME_RE, ManifestError
+from engine.plugins.scaffold import ScaffoldError, plan
 from plugins_app import bus, events
 from plugins_app.models import IdempotentResponse
 from plugins_app.selectors.plugins import PluginSummary, get_plugin
@@ -33,19 +34,8 @@ from plugins_app.services.engine import get_engine, home
 log = logging.getLogger("librefang.plugins")
 
 
-class PluginError(Exception):
-    def __init__(self, code: str, message: str, status: int = 400, details: Any = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-        self.details = details
-
-    def to_dict(self) -> dict:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.details is not None:
-            body["details"] = self.details
-        return body
+class PluginError(ServiceError):
+    """A refused plugin lifecycle operation (engine/errors.py): routes and views just call the services."""
 
 
 def _check_name(name: str) -> None:
@@ -115,7 +105,7 @@ def reload_plugin(name: str, actor: str) -> dict:
         raise PluginError("invalid_manifest", f"plugin.toml of {name!r} is invalid; the previous configuration keeps "
                                               f"serving: {exc}", 400, [f.to_dict() for f in exc.findings]) from exc
     entry = catalog.get(name)
-    from engine.lint import hooks_valid
+    from engine.plugins.lint import hooks_valid
 
     declared = loaded.manifest.hooks.declared_hooks()
     valid = hooks_valid(entry.dir, declared)
@@ -169,7 +159,7 @@ def default_registry() -> str | None:
 
 
 def registry_configs() -> list[R.RegistryConfig]:
-    """The registries of `[plugins]` in config.toml, each with its trust settings (engine/registry.py)."""
+    """The registries of `[plugins]` in config.toml, each with its trust settings (engine/plugins/registry.py)."""
     return R.parse_registries(_raw_config().get("plugins"))
 
 
@@ -237,7 +227,7 @@ def uninstall_plugin(name: str, actor: str) -> dict:
     return result
 
 
-INSTALL_DEPS_WAIT_SECS = 330  # engine.requirements' own pip timeout (300 s) plus venv creation
+INSTALL_DEPS_WAIT_SECS = 330  # engine/plugins/requirements.py's own pip timeout (300 s) plus venv creation
 
 
 def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
@@ -268,8 +258,8 @@ def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
 
 
 def run_install_deps(name: str) -> dict:
-    """The work itself (on a worker): build the plugin's venv with engine.requirements."""
-    from engine import requirements as R
+    """The work itself (on a worker): build the plugin's venv with engine/plugins/requirements.py."""
+    from engine.plugins import requirements as R
 
     entry = get_engine().catalog.get(name)
     if entry.plugin is None:
@@ -416,7 +406,7 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
 
-    from engine.manifest import parse_manifest_text
+    from engine.plugins.manifest import parse_manifest_text
 
     path = _require_installed(name) / "plugin.toml"
     try:

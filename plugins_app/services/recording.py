@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import queue
-import threading
 import time
 
 from django.db import close_old_connections, transaction
@@ -18,6 +16,7 @@ from django.utils import timezone
 from engine import quantiles
 from engine.ports import AGENT, TEST_CONSOLE, Invocation
 from plugins_app import events
+from plugins_app.batching import BatchWriter
 from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
 
 log = logging.getLogger("librefang.recording")
@@ -114,50 +113,27 @@ def prune_traces(keep: int = MAX_TRACES) -> None:
     HookMetricHour.objects.filter(hour__lt=now - HOUR_RETENTION).delete()
 
 
-class DbInvocationSink:
-    """Queue + writer thread. `flush()` waits for everything queued so far (tests, shutdown)."""
+class DbInvocationSink(BatchWriter[Invocation]):
+    """Implements engine.ports.InvocationSink: queue the record; one writer thread stores them in batches."""
+
+    thread_name = "invocation-writer"
+    # Linger a moment so calls arriving together share one transaction and one dashboard event (a busy worker
+    # otherwise spends more CPU recording a call than running it).
+    linger_secs = BATCH_LINGER_SECS
 
     def __init__(self) -> None:
-        self._q: queue.Queue[Invocation] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        super().__init__()
         self._written = 0
 
     def record(self, invocation: Invocation) -> None:
-        self._ensure_thread()
-        self._q.put(invocation)
+        self.put(invocation)
 
     def flush(self, timeout: float = 10.0) -> None:
-        end = time.monotonic() + timeout
-        while self._q.unfinished_tasks and time.monotonic() < end:
-            time.sleep(0.01)
+        super().flush(timeout)
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="invocation-writer", daemon=True)
-                    self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            batch = [self._q.get()]
-            # Linger a moment so calls arriving together share one transaction and one dashboard event (a busy
-            # worker otherwise spends more CPU recording a call than running it).
-            until = time.monotonic() + BATCH_LINGER_SECS
-            while len(batch) < 500:
-                try:
-                    batch.append(self._q.get(timeout=max(0.0, until - time.monotonic())))
-                except queue.Empty:
-                    break
-            try:
-                close_old_connections()
-                self._write(batch)
-            except Exception:
-                log.exception("recording %d invocations failed", len(batch))
-            finally:
-                for _ in batch:
-                    self._q.task_done()
+    def write(self, batch: list[Invocation]) -> None:
+        close_old_connections()
+        self._write(batch)
 
     def _write(self, batch: list[Invocation]) -> None:
         for attempt in range(5):

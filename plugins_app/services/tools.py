@@ -2,7 +2,7 @@
 unpacked by a worker (job kind "install_tool": an upload is untrusted input, and decompressing it must not cost the
 web process memory); and execution, which runs module code and therefore also goes to a worker (job kind "tool").
 
-Callers catch engine.wasm_tools.ToolError: `code` is stable, `status` is the HTTP status to answer.
+Callers catch engine.wasm.tools.ToolError: `code` is stable, `status` is the HTTP status to answer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app import bus, events
 from plugins_app.selectors.tools import policy
 from plugins_app.services import audit
@@ -92,7 +92,7 @@ async def install(actor: str, *, chunks: Iterable[bytes] | None = None, url: str
 
 
 def run_install_job(request: Any) -> tuple[dict[str, Any], str, str]:
-    """Worker side of an "install_tool" job: (reply, source, reason). Unpacks under engine.wasm_tools' limits,
+    """Worker side of an "install_tool" job: (reply, source, reason). Unpacks under engine/wasm/tools/installer.py's limits,
     installs, then reads the module's az_tool_name/az_tool_schema (module code may run here, on a worker)."""
     try:
         tool = _install_for_job(request)

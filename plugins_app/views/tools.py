@@ -14,7 +14,7 @@ from django.http import HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app.selectors import tools as tool_selectors
 from plugins_app.services import tools as tool_service
 from plugins_app.services.engine import home

@@ -1,20 +1,12 @@
-"""engine.install on disk: symlinks never copied (files or directories), lockfile change detection, sources."""
+"""engine/plugins/install.py on disk: symlinks never copied (files or directories), lockfile change detection, sources."""
 
 import os
 
 import pytest
 
 from engine.home import Home
-from engine.install import (
-    InstallError,
-    Lockfile,
-    Source,
-    copy_tree,
-    file_hashes,
-    install,
-    local_changes,
-    uninstall,
-)
+from engine.plugins.install import Lockfile, install, local_changes, uninstall
+from engine.plugins.sources import InstallError, Source, copy_tree, file_hashes
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
 
 
@@ -73,7 +65,7 @@ def test_it_rejects_malformed_sources(data):
         Source.parse(data)
 
 
-# ---- registry trust: an Ed25519-signed index.json (engine/registry.py) ----
+# ---- registry trust: an Ed25519-signed index.json (engine/plugins/registry.py) ----
 
 def _keypair():
     import base64
@@ -102,7 +94,7 @@ def _signed_registry(tmp_path, key, names=("good",), listed=("good",), files=Non
 
 
 def test_it_installs_from_a_registry_whose_signed_index_lists_the_plugin(tmp_path):
-    from engine.registry import RegistryConfig
+    from engine.plugins.registry import RegistryConfig
 
     key, pub = _keypair()
     reg = _signed_registry(tmp_path, key)
@@ -122,7 +114,7 @@ def test_it_installs_from_a_registry_whose_signed_index_lists_the_plugin(tmp_pat
     ("no_index", "registry_unsigned"),
 ])
 def test_it_refuses_an_index_that_is_unsigned_or_badly_signed_when_a_key_is_configured(tmp_path, tamper, code):
-    from engine.registry import RegistryConfig
+    from engine.plugins.registry import RegistryConfig
 
     key, pub = _keypair()
     other_key, _ = _keypair()
@@ -147,7 +139,7 @@ def test_it_refuses_an_index_that_is_unsigned_or_badly_signed_when_a_key_is_conf
 
 
 def test_it_accepts_an_unsigned_index_only_when_the_operator_does_not_require_signatures(tmp_path):
-    from engine.registry import RegistryConfig
+    from engine.plugins.registry import RegistryConfig
 
     key, pub = _keypair()
     reg = _signed_registry(tmp_path, None)

@@ -10,6 +10,7 @@ import pytest
 
 from plugins_app.models import AuditEntry, HookMetric, HookTrace, IdempotentResponse, Role
 from plugins_app.services.tokens import create_token
+from tests.app.prometheus_text import prometheus_samples
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
 
 
@@ -311,10 +312,13 @@ def test_it_serves_metrics_summary_prometheus_and_reset(api, home):
     assert s["totals"]["avg_ms"] == 10.0
     r = api("GET", "/context-engine/metrics/prometheus")
     assert r.status_code == 200 and r["Content-Type"].startswith("text/plain; version=0.0.4")
-    text = r.content.decode()
-    assert 'librefang_hook_calls_total{plugin="p",hook="ingest"} 4' in text
-    assert 'librefang_hook_duration_ms_bucket{plugin="p",hook="ingest",le="10"} 3' in text
-    assert 'le="+Inf"} 4' in text
+    samples = prometheus_samples(r.content.decode())
+    assert samples["librefang_hook_calls_total", ("p", "ingest")] == 4
+    assert samples["librefang_hook_errors_total", ("p", "ingest")] == 1
+    assert samples["librefang_hook_duration_ms_bucket", ("p", "ingest", "10")] == 3
+    assert samples["librefang_hook_duration_ms_bucket", ("p", "ingest", "5")] == 0
+    assert samples["librefang_hook_duration_ms_bucket", ("p", "ingest", "+Inf")] == 4
+    assert samples["librefang_hook_duration_ms_sum", ("p", "ingest")] == 40
     assert api("GET", "/context-engine/metrics").json()["plugins"]["p"]["ingest"]["calls"] == 4
     r = api("POST", "/context-engine/metrics/reset", {})
     assert r.status_code == 200 and r.json()["reset"]

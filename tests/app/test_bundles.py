@@ -1,4 +1,4 @@
-"""Plugin versions as bundles (engine/bundles.py, plugins_app/services/bundles.py): published by the plugin services,
+"""Plugin versions as bundles (engine/plugins/bundles.py, plugins_app/services/bundles.py): published by the plugin services,
 named by signed jobs, unpacked verified on a worker that holds no plugins."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from engine import bundles as B
-from engine.install import file_hashes
+from engine.plugins import bundles as B
+from engine.plugins.sources import file_hashes
 from plugins_app import bus
 from plugins_app.models import ActivePlugin, EngineSetting, PluginBundle
 from plugins_app.services import bundles, jobs
@@ -39,7 +39,7 @@ def _write_ingest(home, name, version):
     (home.plugin_dir(name) / "hooks" / "ingest.py").write_text(INGEST % version)
 
 
-# ---- engine/bundles.py ----
+# ---- engine/plugins/bundles.py ----
 
 def test_it_hashes_a_directory_from_the_lockfile_file_hashes_whatever_the_mtimes(tmp_path):
     pdir = tmp_path / "p"

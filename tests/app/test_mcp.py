@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app import bus
 from plugins_app.mcp import resources, tokens
 from plugins_app.mcp import tools as mcp_tools

@@ -6,8 +6,9 @@ import tomllib
 import pytest
 
 from engine import hooks as H
+from engine.plugins.scaffold import ScaffoldError, plan
+from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS, SHAPES
 from engine.runtimes import RUNTIMES, find_launcher
-from engine.scaffold import SCAFFOLD_HOOKS, SHAPES, ScaffoldError, plan
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request
@@ -207,7 +208,7 @@ def test_it_judges_a_test_console_run_as_an_agent_call_does(home):
 
 def test_it_serves_the_last_good_manifest_any_process_loaded_not_an_older_one_it_kept(home):
     """Two catalogs stand for the web tier and a worker: after a failed edit both serve the newest good copy."""
-    from engine.catalog import Catalog
+    from engine.plugins.catalog import Catalog
 
     plan_files = plan("lg", "d", "python", [H.INGEST]).files
     pdir = home.plugin_dir("lg")
@@ -250,7 +251,7 @@ def test_it_does_not_log_a_fallback_when_a_later_stack_layer_answered(home, capl
 
 
 def test_it_refuses_unknown_runtimes_and_calls_a_missing_launcher_an_error(home):
-    from engine.lint import lint_plugin
+    from engine.plugins.lint import lint_plugin
 
     pdir = home.plugin_dir("cob")
     (pdir / "hooks").mkdir(parents=True)
@@ -267,6 +268,6 @@ def test_it_refuses_unknown_runtimes_and_calls_a_missing_launcher_an_error(home)
         (scaffold_dir / rel).write_bytes(data)
     report = lint_plugin(scaffold_dir)
     assert "runtime.unavailable" in [f.id for f in report.errors]
-    from engine.catalog import Catalog
+    from engine.plugins.catalog import Catalog
 
     assert Catalog(home).get("nolauncher").cannot_run == f"{RUNTIMES[missing].launcher} not installed"

@@ -14,9 +14,9 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from engine import protocol as P
-from engine import wasm_tools as T
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
+from engine.wasm import tools as T
 from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
 from tests.fixtures.packages import MB, gzip_bomb, long_name_bomb, many_entries
 
@@ -107,7 +107,8 @@ def test_it_extracts_a_large_member_without_holding_it_in_memory(tmp_path):
     script = f"""
 import sys
 from pathlib import Path
-from engine import wasm as W, wasm_tools as T
+from engine import wasm as W
+from engine.wasm import tools as T
 from engine.home import Home
 home = Home(Path({str(tmp_path / 'home')!r}))
 try:

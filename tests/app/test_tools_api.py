@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app.models import AuditEntry
 from plugins_app.services.tokens import create_token
 from plugins_app.services.tools import run_tool_job

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from plugins_app.models import AuditEntry
 from plugins_app.services.tools import run_tool_job
 from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)

@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from engine import hooks as H
+from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS
 from engine.runtimes import RUNTIMES, find_launcher
-from engine.scaffold import SCAFFOLD_HOOKS
 from plugins_app.selectors.examples import example_request
 
 SCAFFOLD_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v", "wasm"]

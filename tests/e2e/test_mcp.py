@@ -15,7 +15,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
 from tests.plugin_factory import make_plugin, write_config
 

@@ -34,7 +34,7 @@ def test_it_refuses_a_gzip_bomb_on_the_worker_and_no_process_balloons(live):
 
 
 def test_it_installs_a_real_package_through_the_worker_and_runs_it(live):
-    from engine import wasm_tools as T
+    from engine.wasm import tools as T
 
     echo = fixture_wasm("echo")
     package = T.package(tool_manifest("e2e-echo", echo), echo)

@@ -9,7 +9,7 @@ import urllib.parse
 import websockets
 
 from engine import wasm as W
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import compile_wat, fixture_wasm, tool_manifest
 from tests.plugin_factory import write_config
 

@@ -136,3 +136,18 @@ def test_a_disabled_or_missing_plugin_is_left_out_of_the_stack(engine, ehome):
     write_config(ehome.root, stack=["on", "off", "ghost"])
     assert engine.chain() == ["on"]
     assert [m["content"] for m in engine.handle("ingest", {"message": "m"}).result["memories"]] == ["on"]
+
+
+def test_every_hook_has_a_declared_strategy_and_one_timeout_rule():
+    from types import SimpleNamespace
+
+    from engine import hooks as H
+    from engine.strategies import ALL, FIRST_USABLE, MERGE, STRATEGIES
+
+    assert set(STRATEGIES) == set(H.ALL_HOOKS)
+    assert STRATEGIES["ingest"].mode == MERGE and STRATEGIES["after_turn"].mode == ALL
+    assert {h for h, s in STRATEGIES.items() if s.mode == FIRST_USABLE} == {"assemble", "compact",
+                                                                           "transform_tool_result"}
+    settings = SimpleNamespace(hook_timeout_secs=4.0)
+    assert H.timeout_for("bootstrap", settings) == 8.0 and H.timeout_for("ingest", settings) == 4.0
+    assert H.timeout_for("compact") == H.DEFAULT_TIMEOUT_SECS

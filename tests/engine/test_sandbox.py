@@ -18,10 +18,10 @@ import pytest
 
 from engine import protocol as P
 from engine import runner, sandbox, warmstart
-from engine.catalog import Catalog
 from engine.home import Home
 from engine.invoke import invoke
-from engine.lint import lint_plugin
+from engine.plugins.catalog import Catalog
+from engine.plugins.lint import lint_plugin
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
 

@@ -16,9 +16,9 @@ import pytest
 
 from engine import protocol as P
 from engine import warmstart
-from engine.catalog import Catalog
 from engine.home import Home
 from engine.invoke import hook_call_for
+from engine.plugins.catalog import Catalog
 from engine.runner import HookCall, run_hook
 from engine.runtimes import resolve_tag
 from tests.plugin_factory import make_plugin

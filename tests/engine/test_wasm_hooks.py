@@ -112,7 +112,8 @@ def test_it_refuses_module_paths_that_escape_the_plugin(ehome, engine, tmp_path)
 
 
 def test_it_scaffolds_a_working_wasm_plugin(ehome, engine, sinks):
-    from engine.scaffold import SCAFFOLD_HOOKS, plan
+    from engine.plugins.scaffold import plan
+    from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS
 
     files = plan("scaffy", 'says "hi"', "wasm", ["ingest", "assemble", "after_turn"]).files
     assert set(files) == {"plugin.toml", *(f"hooks/{h}.{ext}" for h in SCAFFOLD_HOOKS for ext in ("wasm", "wat"))}
@@ -120,7 +121,7 @@ def test_it_scaffolds_a_working_wasm_plugin(ehome, engine, sinks):
     for rel, data in files.items():
         (pdir / rel).parent.mkdir(parents=True, exist_ok=True)
         (pdir / rel).write_bytes(data)
-    from engine.manifest import load_plugin
+    from engine.plugins.loader import load_plugin
 
     loaded = load_plugin(pdir)
     assert loaded.manifest.runtime.runtime.tag == "wasm"
@@ -176,7 +177,7 @@ def test_it_checks_wasm_plugins_statically_for_lint(ehome):
 
 def test_it_scaffolds_every_hook_through_the_shared_scaffold_plan(ehome, engine):
     from engine.hooks import ALL_HOOKS
-    from engine.scaffold import plan
+    from engine.plugins.scaffold import plan
 
     files = plan("everyhook", "all nine", "wasm", list(ALL_HOOKS)).files
     pdir = ehome.plugins_dir / "everyhook"
@@ -195,7 +196,7 @@ def test_it_scaffolds_every_hook_through_the_shared_scaffold_plan(ehome, engine)
 
 
 def test_it_lints_wasm_modules(ehome):
-    from engine.lint import lint_plugin
+    from engine.plugins.lint import lint_plugin
 
     wasm_plugin(ehome, "linty", {"ingest": fixture_wasm("host_env_get"), "assemble": fixture_wasm("echo")})
     ids = [f.id for f in lint_plugin(ehome.plugins_dir / "linty").findings]

@@ -8,7 +8,7 @@ import pytest
 
 from engine import protocol as P
 from engine import wasm as W
-from engine import wasm_tools as T
+from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import fixture_wasm, static_output_wasm, tool_manifest
 
 ECHO = fixture_wasm("echo")

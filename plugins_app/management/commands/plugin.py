@@ -351,7 +351,7 @@ def _run_test_hook(name: str, hook: str, request: dict, timeout: float | None) -
     engine = get_engine()
     entry = engine.catalog.get(name)
     if entry.plugin is not None and not timeout:
-        timeout = entry.plugin.manifest.hooks.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
+        timeout = H.timeout_for(hook, entry.plugin.manifest.hooks)
     timeout = timeout or 30.0
     try:
         workers = async_to_sync(bus.live_workers)()

@@ -20,7 +20,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from engine.bundles import cache_usage
+from engine.plugins.bundles import cache_usage
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream
 from plugins_app.services import bundles, jobs

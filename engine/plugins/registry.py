@@ -8,7 +8,7 @@ index.json's exact bytes), and a plugin installed from it must be listed in it (
 the entry has them). `require_signature = false` keeps a key but accepts an unsigned index; a bad signature is
 always refused.
 
-Pure Python; git runs through engine.install.
+Pure Python; git runs through engine/plugins/sources.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.manifest import NAME_RE
+from engine.plugins.manifest import NAME_RE
 
 INDEX_FILE = "index.json"
 SIGNATURE_FILE = "index.json.sig"

@@ -14,10 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from engine.filecache import confine
+from engine.plugins.loader import read_manifest
 from engine.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
@@ -32,20 +33,9 @@ def requirements_file(plugin_dir: Path) -> Path | None:
 
     Raises ValueError when the declared path leaves the plugin directory.
     """
-    declared = None
-    try:
-        raw = tomllib.loads((plugin_dir / "plugin.toml").read_text(encoding="utf-8"))
-        value = raw.get("requirements")
-        declared = value if isinstance(value, str) and value.strip() else None
-    except (OSError, ValueError):
-        pass
-    rel = Path(declared or DEFAULT_REQUIREMENTS)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise ValueError(f"requirements path {str(rel)!r} must be relative to the plugin directory without '..'")
-    root = plugin_dir.resolve()
-    target = (root / rel).resolve()
-    if not target.is_relative_to(root):
-        raise ValueError(f"requirements path {str(rel)!r} resolves outside the plugin directory")
+    manifest = read_manifest(plugin_dir)
+    declared = manifest.requirements if manifest is not None and (manifest.requirements or "").strip() else None
+    target = confine(plugin_dir, declared or DEFAULT_REQUIREMENTS, "requirements path", "the plugin directory")
     return target if target.is_file() else None
 
 

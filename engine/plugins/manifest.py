@@ -6,25 +6,19 @@ there); `[context_engine_hooks]` is an alias of `[hooks]`; `[hooks]` wins on con
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import threading
 import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine import findings as F
-from engine.filecache import file_stamp
 from engine.findings import Finding
-from engine.hooks import ALL_HOOKS
+from engine.hooks import ALL_HOOKS, DEFAULT_TIMEOUT_SECS
 from engine.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
-DEFAULT_TIMEOUT_SECS = 30.0
 # The LibreFang release whose plugin protocol this engine implements; `librefang_min_version` is compared to it.
 COMPAT_VERSION = "2026.8.23"
 HOOK_PROTOCOL_VERSION = 1
@@ -131,7 +125,13 @@ class Manifest(BaseModel):
     requires: list[Requirement] = Field(default_factory=list)
     i18n: dict[str, I18nEntry] = Field(default_factory=dict)
     needs: list[str] = Field(default_factory=list)
-    wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm.py)
+    wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm/)
+
+    @property
+    def wasm_capabilities(self) -> tuple[str, ...]:
+        """`[wasm] capabilities`: the host calls a wasm plugin declares (engine/wasm/host.py `declared`)."""
+        caps = self.wasm.get("capabilities")
+        return tuple(str(c) for c in caps) if isinstance(caps, list | tuple) else ()
 
     @field_validator("env", mode="before")
     @classmethod
@@ -172,20 +172,6 @@ class ManifestError(Exception):
     def __init__(self, findings: list[Finding]):
         self.findings = findings
         super().__init__("; ".join(f.message for f in findings if f.severity == F.ERROR))
-
-
-@dataclass
-class LoadedPlugin:
-    """A parsed plugin directory. `findings` carries warnings; a plugin with errors never becomes a LoadedPlugin."""
-
-    dir: Path
-    manifest: Manifest
-    findings: list[Finding] = field(default_factory=list)
-    fingerprint: tuple = ()
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name
 
 
 def normalise_raw(raw: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
@@ -323,30 +309,6 @@ def _config_type_ok(kind: str, value: Any) -> bool:
     return isinstance(value, str)
 
 
-def directory_findings(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
-    """Load-time checks against the directory: hook paths stay inside it, dependencies are installed.
-
-    (Missing hook files, exec bits, required binaries and metadata are lint's findings: engine/lint.py.)
-    """
-    out: list[Finding] = []
-    root = plugin_dir.resolve()
-    for hook, script in manifest.hooks.declared_hooks().items():
-        rel = Path(script)
-        if rel.is_absolute() or ".." in rel.parts:
-            out.append(F.error("manifest.hook_path_traversal", f"[hooks] {hook} = {script!r} leaves the plugin "
-                               "directory", "Hook paths are relative to the plugin directory, without '..'."))
-            continue
-        target = (root / rel).resolve()
-        if not target.is_relative_to(root):
-            out.append(F.error("manifest.hook_path_escape", f"[hooks] {hook} = {script!r} is a symlink that leaves "
-                               "the plugin directory", "Copy the script into the plugin instead of linking it."))
-    for dep in manifest.plugin_depends:
-        if not NAME_RE.match(dep) or not (plugin_dir.parent / dep / "plugin.toml").is_file():
-            out.append(F.error("manifest.depends_missing", f"plugin_depends: {dep!r} is not installed",
-                               f"Install the plugin {dep!r} first."))
-    return out
-
-
 def _drop_unknown(data: dict[str, Any]) -> dict[str, Any]:
     top = {k: v for k, v in data.items() if k in Manifest.model_fields}
     hooks = data.get("hooks") or {}
@@ -370,73 +332,3 @@ def _unknown_key_findings(data: dict[str, Any]) -> list[Finding]:
 def _validation_finding(err: dict) -> Finding:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     return F.error("manifest.invalid_field", f"`{loc}`: {err.get('msg')}", "Fix the value's type or range.")
-
-
-def manifest_path(plugin_dir: Path) -> Path:
-    return plugin_dir / "plugin.toml"
-
-
-def fingerprint(plugin_dir: Path) -> tuple:
-    """Changes whenever plugin.toml changes on disk (cheap: one stat)."""
-    return file_stamp(manifest_path(plugin_dir))
-
-
-def load_plugin(plugin_dir: Path, check_integrity: bool = True) -> LoadedPlugin:
-    """Read and validate a plugin directory; raises ManifestError."""
-    path = manifest_path(plugin_dir)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ManifestError([F.error("manifest.missing", f"{path} does not exist",
-                                     "A plugin directory needs a plugin.toml at its root.")]) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError([F.error("manifest.unreadable", f"cannot read {path}: {exc}", "")]) from exc
-    manifest, found = parse_manifest_text(text, expected_name=plugin_dir.name)
-    found += directory_findings(plugin_dir, manifest)
-    if check_integrity:
-        found += verify_integrity(plugin_dir, manifest)
-    if F.has_errors(found):
-        raise ManifestError(found)
-    return LoadedPlugin(plugin_dir, manifest, found, fingerprint(plugin_dir))
-
-
-def verify_integrity(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
-    out = []
-    for rel, expected in manifest.integrity.items():
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            out.append(F.error("integrity.path_invalid", f"[integrity] path {rel!r} leaves the plugin directory",
-                               "Integrity paths are relative to the plugin directory."))
-            continue
-        target = (plugin_dir / rel)
-        try:
-            digest = file_sha256(target)
-        except OSError as exc:
-            out.append(F.error("integrity.unreadable", f"[integrity] file {rel} cannot be read: {exc}",
-                               "Restore the file or re-sign the plugin."))
-            continue
-        if digest != expected.lower():
-            out.append(F.error("integrity.mismatch", f"[integrity] sha256 of {rel} does not match",
-                               "The file changed after signing: restore it, or re-sign if the change is yours."))
-    return out
-
-
-_digests: dict[str, tuple[tuple, str]] = {}
-_digests_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, re-hashed whenever its stat changes. ctime is part of the key: any write, rename or
-    utime() moves it and user space cannot set it back, so a tampered file is always re-hashed."""
-    st = os.stat(path)
-    key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    name = str(path)
-    with _digests_lock:
-        hit = _digests.get(name)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    with _digests_lock:
-        if len(_digests) > 4096:
-            _digests.clear()
-        _digests[name] = (key, digest)
-    return digest

@@ -17,17 +17,15 @@ from pathlib import Path
 from engine import findings as F
 from engine.findings import Finding
 from engine.home import Home
-from engine.manifest import (
-    NAME_RE,
+from engine.plugins.loader import (
     LoadedPlugin,
-    ManifestError,
     directory_findings,
     fingerprint,
     load_plugin,
     manifest_path,
-    parse_manifest_text,
     verify_integrity,
 )
+from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
 from engine.runtimes import find_launcher
 
 DISABLED_MARKER = ".disabled"
@@ -177,8 +175,6 @@ def _file_stamp(path: Path) -> tuple:
 def _integrity_problems(plugin: LoadedPlugin) -> list[Finding]:
     # [integrity] and plugin_depends are enforced every time the engine uses the plugin, not only when plugin.toml
     # changes (a hook edited or a dependency uninstalled after load stops the plugin at once).
-    from engine.manifest import directory_findings, verify_integrity
-
     problems = [f for f in directory_findings(plugin.dir, plugin.manifest) if f.severity == F.ERROR]
     if plugin.manifest.integrity:
         problems += verify_integrity(plugin.dir, plugin.manifest)
@@ -189,7 +185,7 @@ class PinnedCatalog:
     """The catalog as one job sees it: the plugins it names run from the given (bundle) directories, exactly that
     version; any other name falls back to the local catalog (absent on a worker host without an authoring dir).
 
-    Bundle directories never change (engine/bundles.py), so each is parsed once per process.
+    Bundle directories never change (engine/plugins/bundles.py), so each is parsed once per process.
     """
 
     _loaded: dict[Path, CatalogEntry] = {}

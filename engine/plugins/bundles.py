@@ -1,6 +1,6 @@
 """Content-addressed plugin bundles: one plugin version as a hash, a gzip tarball and a read-only cache directory.
 
-The hash is built from the per-file sha256 the lockfile already records (engine/install.py, file_hashes), so two
+The hash is built from the per-file sha256 the lockfile already records (engine/plugins/install.py, file_hashes), so two
 hosts that hold the same files agree on it whatever the order, mtimes or owners of those files. A worker host keeps
 unpacked bundles under `$LIBREFANG_HOME/bundles/<hash>/<plugin>/` (a plugin's directory carries its name); each one is checked against its hash before it is used and
 never changes afterwards, so a reload (a new hash) can never mix old and new files.
@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 from engine.filecache import tree_size
-from engine.install import file_hashes
-from engine.manifest import NAME_RE
+from engine.plugins.manifest import NAME_RE
+from engine.plugins.sources import file_hashes
 
 HASH_LEN = 64
 

@@ -1,46 +1,17 @@
-"""New plugin directories from templates, one set per runtime. Every template speaks the protocol (reads the JSON
-request from stdin, prints one JSON reply line) and runs as written.
+"""The scaffold's hook templates, one set per text runtime (engine/plugins/scaffold.py writes them into a new plugin).
 
-Differences from LibreFang's scaffold: `runtime` goes INSIDE `[hooks]` (LibreFang puts it at the top
-level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine.wasm.
+Every template must pass the checks an agent call applies (engine/stack.py `judge_for`): assemble and compact
+return the incoming messages (trimmed), never an empty list, which the engine would refuse and fall back on.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 
 from engine import hooks as H
-from engine.manifest import NAME_RE
-from engine.runtimes import RUNTIMES, resolve_tag
-
-DEFAULT_HOOKS: tuple[str, ...] = (H.INGEST, H.AFTER_TURN)
-MAX_DESCRIPTION = 500
 
 
-class ScaffoldError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class ScaffoldPlan:
-    """Files to write (relative path -> bytes) and which of them must be executable."""
-
-    runtime: str
-    files: dict[str, bytes]
-    executable: set[str]
-
-
-def toml_string(value: str) -> str:
-    """A TOML basic string literal (JSON string escaping is a subset TOML accepts, except for \\/ which we avoid)."""
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _result_for(hook: str) -> dict:
+def result_for(hook: str) -> dict:
     return {
         H.INGEST: {"type": "ingest_result", "memories": []},
         H.ASSEMBLE: {"type": "assemble_result", "messages": []},
@@ -49,9 +20,6 @@ def _result_for(hook: str) -> dict:
     }.get(hook, {"type": "ok"})
 
 
-# ---- templates ----
-# Every template must pass the checks an agent call applies (engine/stack.py `judge_for`): assemble and compact
-# return the incoming messages (trimmed), never an empty list, which the engine would refuse and fall back on.
 
 # The seven hooks LibreFang's scaffold writes for every runtime (the unused ones commented out in plugin.toml).
 SCAFFOLD_HOOKS: tuple[str, ...] = (H.INGEST, H.AFTER_TURN, H.ASSEMBLE, H.COMPACT, H.BOOTSTRAP, H.PREPARE_SUBAGENT,
@@ -421,15 +389,15 @@ fn main() {{
 }}
 '''
 
-_TEXT_RUNTIMES = ("python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v")
+TEXT_RUNTIMES = ("python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v")
 
 
-def _render(runtime: str, hook: str, name: str) -> str:
-    reply = json.dumps(_result_for(hook))
+def render(runtime: str, hook: str, name: str) -> str:
+    reply = json.dumps(result_for(hook))
     request, reply_shape = SHAPES[hook]
     fmt = {"hook": hook, "reply": reply, "name": name, "request": request, "reply_shape": reply_shape}
     if runtime == "python":
-        src = _PY.get(hook) or _PY_DEFAULT.format(**{**fmt, "reply": repr(_result_for(hook))})
+        src = _PY.get(hook) or _PY_DEFAULT.format(**{**fmt, "reply": repr(result_for(hook))})
         return src.replace("{NAME}", name)
     if runtime in _JS_READ:
         head, tail = _JS_READ[runtime]
@@ -449,251 +417,3 @@ def _render(runtime: str, hook: str, name: str) -> str:
     if runtime == "go":
         return _GO_HEAD.format(**fmt) + (_GO.get(hook) or _GO_DEFAULT_TAIL.format(**fmt))
     return _V.get(hook) or _V_DEFAULT.format(**fmt)
-
-
-def validate_name(name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ScaffoldError("invalid_name", f"plugin name {name!r} is not allowed: use 1-128 ASCII letters, digits, "
-                                            "'-' or '_', starting with a letter or digit")
-
-
-def normalise_hooks(hooks: list[str] | None) -> list[str]:
-    chosen = list(DEFAULT_HOOKS) if not hooks else list(dict.fromkeys(hooks))
-    unknown = [h for h in chosen if not H.is_hook(h)]
-    if unknown:
-        raise ScaffoldError("invalid_hook", f"unknown hook(s) {', '.join(map(repr, unknown))}; "
-                                            f"hooks are: {', '.join(H.ALL_HOOKS)}")
-    return [h for h in H.ALL_HOOKS if h in chosen]
-
-
-def resolve_runtime(runtime: str | None) -> str:
-    resolved = resolve_tag(runtime or "python")
-    if resolved.custom_launcher or resolved.warning:
-        raise ScaffoldError("invalid_runtime", f"unknown runtime {runtime!r}; choose one of "
-                                               f"{', '.join(sorted(RUNTIMES))}")
-    return resolved.runtime.tag
-
-
-def manifest_text(name: str, description: str, runtime: str, hook_files: dict[str, str], active: list[str],
-                  author: str = "") -> str:
-    """plugin.toml: the `active` hooks declared, every other scaffolded hook commented out with the request it
-    receives and the reply it must give, so uncommenting one line turns it on."""
-    lines = [
-        f"name = {toml_string(name)}",
-        'version = "0.1.0"',
-        f"description = {toml_string(description)}",
-        f"author = {toml_string(author)}",
-        '# librefang_min_version = "2026.4.0"',
-    ]
-    if runtime == "python":
-        lines.append('requirements = "requirements.txt"')
-    if runtime in ("bash", "native"):
-        lines += ["", "[[requires]]  # the templates parse JSON with jq", 'binary = "jq"',
-                  'install_hint = "apt install jq (or brew install jq)"']
-    lines += ["", "[hooks]", f"runtime = {toml_string(runtime)}"]
-    for hook in H.ALL_HOOKS:
-        if hook in active:
-            lines.append(f"{hook} = {toml_string(hook_files[hook])}")
-    unused = [h for h in H.ALL_HOOKS if h in hook_files and h not in active]
-    if unused:
-        lines.append("# Scaffolded but not active: uncomment a line to turn the hook on.")
-    for hook in unused:
-        request, reply = SHAPES[hook]
-        lines += [f"#   {hook}: receives {request}", f"#   and answers {reply}",
-                  f"# {hook} = {toml_string(hook_files[hook])}"]
-    lines += [
-        "# hook_timeout_secs = 30",
-        '# on_hook_failure = "warn"   # warn | skip | abort',
-        "# max_retries = 0",
-        '# ingest_filter = "remember"',
-        "",
-        "# [env]",
-        '# MY_API_KEY = "${MY_API_KEY}"',
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def check_description(description: str, label: str = "description") -> str:
-    description = (description or "").strip()
-    if len(description) > MAX_DESCRIPTION:
-        raise ScaffoldError(f"invalid_{label}", f"{label} is longer than {MAX_DESCRIPTION} characters")
-    if re.search(r"[\x00-\x08\x0b-\x1f\x7f]", description):
-        raise ScaffoldError(f"invalid_{label}", f"{label} contains control characters")
-    return description
-
-
-def plan(name: str, description: str, runtime: str | None, hooks: list[str] | None, author: str = "") -> ScaffoldPlan:
-    """What to write for a new plugin: the seven hook templates (plus any other chosen hook), the chosen ones
-    active. Raises ScaffoldError."""
-    validate_name(name)
-    description = check_description(description)
-    author = check_description(author, "author")
-    tag = resolve_runtime(runtime)
-    chosen = normalise_hooks(hooks)
-    written = [h for h in H.ALL_HOOKS if h in SCAFFOLD_HOOKS or h in chosen]
-    if tag == "wasm":
-        return _wasm_plan(name, description, author, chosen, written)
-    if tag not in _TEXT_RUNTIMES:
-        raise ScaffoldError("runtime_not_scaffoldable",
-                            f"no scaffold template for runtime {tag!r} yet; templates exist for "
-                            f"{', '.join(_TEXT_RUNTIMES)} and wasm")
-    ext = RUNTIMES[tag].extension
-    files: dict[str, bytes] = {}
-    hook_files: dict[str, str] = {}
-    executable: set[str] = set()
-    for hook in written:
-        rel = f"hooks/{hook}.{ext}" if ext else f"hooks/{hook}"
-        hook_files[hook] = rel
-        files[rel] = _render(tag, hook, name).encode("utf-8")
-        if tag in ("native", "bash"):
-            executable.add(rel)
-    files["plugin.toml"] = manifest_text(name, description, tag, hook_files, chosen, author).encode("utf-8")
-    if tag == "python":
-        files["requirements.txt"] = b"# Python dependencies, one per line (installed by `librefang plugin install-deps`)\n"
-    return ScaffoldPlan(tag, files, executable)
-
-
-# An ABI v2 module that answers {"type": "<hook>_result", "messages": <the request's messages array>, ...}: it copies
-# the raw JSON array found after the first `"messages":` key (string-aware bracket matching), so the assemble and
-# compact templates pass the engine's checks without a JSON library inside the module.
-_WASM_ECHO = """;; {hook}: request {request}; reply {reply_shape}.
-;; Build: python -c "import wasmtime,sys; open(sys.argv[2],'wb').write(wasmtime.wat2wasm(open(sys.argv[1]).read()))" \\
-;;   {hook}.wat {hook}.wasm
-(module
-  (import "az" "az_log" (func $az_log (param i32 i32 i32)))
-  (memory (export "memory") 1)
-  (global $heap (mut i32) (i32.const {heap}))
-  (data (i32.const 1024) "\\"messages\\":")
-  (data (i32.const 1040) "[]")
-  (data (i32.const {prefix_at}) "{prefix}")
-  (data (i32.const {suffix_at}) "{suffix}")
-  (data (i32.const {msg_at}) "{msg}")
-  (func $alloc (export "az_alloc") (param $size i32) (result i32)
-    (local $ptr i32)
-    (local.set $ptr (global.get $heap))
-    (global.set $heap (i32.add (global.get $heap) (local.get $size)))
-    (block $fits
-      (loop $grow
-        (br_if $fits (i32.le_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536))))
-        (if (i32.lt_s (memory.grow (i32.const 1)) (i32.const 0)) (then unreachable))
-        (br $grow)))
-    (local.get $ptr))
-  ;; the offset just after the first `"messages":` in [ptr, ptr+len), or -1
-  (func $find (param $ptr i32) (param $len i32) (result i32)
-    (local $i i32) (local $j i32) (local $last i32)
-    (if (i32.lt_u (local.get $len) (i32.const 11)) (then (return (i32.const -1))))
-    (local.set $last (i32.add (local.get $ptr) (i32.sub (local.get $len) (i32.const 11))))
-    (local.set $i (local.get $ptr))
-    (block $none
-      (loop $scan
-        (br_if $none (i32.gt_u (local.get $i) (local.get $last)))
-        (local.set $j (i32.const 0))
-        (block $differs
-          (loop $cmp
-            (br_if $differs (i32.ne (i32.load8_u (i32.add (local.get $i) (local.get $j)))
-                                    (i32.load8_u (i32.add (i32.const 1024) (local.get $j)))))
-            (local.set $j (i32.add (local.get $j) (i32.const 1)))
-            (br_if $cmp (i32.lt_u (local.get $j) (i32.const 11))))
-          (return (i32.add (local.get $i) (i32.const 11))))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $scan)))
-    (i32.const -1))
-  ;; $p points at '[': the offset just after its matching ']', or -1
-  (func $array_end (param $p i32) (param $limit i32) (result i32)
-    (local $depth i32) (local $in_string i32) (local $escaped i32) (local $c i32)
-    (block $bad
-      (loop $walk
-        (br_if $bad (i32.ge_u (local.get $p) (local.get $limit)))
-        (local.set $c (i32.load8_u (local.get $p)))
-        (local.set $p (i32.add (local.get $p) (i32.const 1)))
-        (if (local.get $in_string)
-          (then
-            (if (local.get $escaped)
-              (then (local.set $escaped (i32.const 0)))
-              (else
-                (if (i32.eq (local.get $c) (i32.const 92)) (then (local.set $escaped (i32.const 1))))
-                (if (i32.eq (local.get $c) (i32.const 34)) (then (local.set $in_string (i32.const 0)))))))
-          (else
-            (if (i32.eq (local.get $c) (i32.const 34)) (then (local.set $in_string (i32.const 1))))
-            (if (i32.eq (local.get $c) (i32.const 91)) (then (local.set $depth (i32.add (local.get $depth) (i32.const 1)))))
-            (if (i32.eq (local.get $c) (i32.const 93))
-              (then
-                (local.set $depth (i32.sub (local.get $depth) (i32.const 1)))
-                (if (i32.eqz (local.get $depth)) (then (return (local.get $p))))))))
-        (br $walk)))
-    (i32.const -1))
-  (func (export "az_tool_execute") (param $ptr i32) (param $len i32) (result i64)
-    (local $start i32) (local $end i32) (local $limit i32) (local $c i32) (local $n i32) (local $out i32)
-    (local $total i32)
-    (call $az_log (i32.const 2) (i32.const {msg_at}) (i32.const {msg_len}))
-    (local.set $limit (i32.add (local.get $ptr) (local.get $len)))
-    (local.set $end (i32.const -1))
-    (local.set $start (call $find (local.get $ptr) (local.get $len)))
-    (if (i32.ge_s (local.get $start) (i32.const 0))
-      (then
-        (block $text
-          (loop $skip_space
-            (br_if $text (i32.ge_u (local.get $start) (local.get $limit)))
-            (local.set $c (i32.load8_u (local.get $start)))
-            (br_if $text (i32.eqz (i32.or (i32.or (i32.eq (local.get $c) (i32.const 32)) (i32.eq (local.get $c) (i32.const 9)))
-                                          (i32.or (i32.eq (local.get $c) (i32.const 10)) (i32.eq (local.get $c) (i32.const 13))))))
-            (local.set $start (i32.add (local.get $start) (i32.const 1)))
-            (br $skip_space)))
-        (if (i32.lt_u (local.get $start) (local.get $limit))
-          (then (if (i32.eq (i32.load8_u (local.get $start)) (i32.const 91))
-            (then (local.set $end (call $array_end (local.get $start) (local.get $limit)))))))))
-    (if (i32.lt_s (local.get $end) (i32.const 0))
-      (then (local.set $start (i32.const 1040)) (local.set $end (i32.const 1042))))
-    (local.set $n (i32.sub (local.get $end) (local.get $start)))
-    (local.set $total (i32.add (i32.add (i32.const {prefix_len}) (local.get $n)) (i32.const {suffix_len})))
-    (local.set $out (call $alloc (local.get $total)))
-    (memory.copy (local.get $out) (i32.const {prefix_at}) (i32.const {prefix_len}))
-    (memory.copy (i32.add (local.get $out) (i32.const {prefix_len})) (local.get $start) (local.get $n))
-    (memory.copy (i32.add (i32.add (local.get $out) (i32.const {prefix_len})) (local.get $n)) (i32.const {suffix_at})
-                 (i32.const {suffix_len}))
-    (i64.or (i64.extend_i32_u (local.get $out)) (i64.shl (i64.extend_i32_u (local.get $total)) (i64.const 32)))))
-"""
-_WASM_ECHO_PARTS = {
-    H.ASSEMBLE: ('{"type":"assemble_result","messages":', "}"),
-    H.COMPACT: ('{"type":"compact_result","messages":', ',"summary":"this template keeps every message"}'),
-}
-
-
-def wasm_echo_wat(hook: str, log_line: str) -> str:
-    from engine.wasm import _wat_string
-
-    prefix, suffix = (p.encode() for p in _WASM_ECHO_PARTS[hook])
-    msg = log_line.encode("utf-8")
-    prefix_at = 1056
-    suffix_at = prefix_at + len(prefix) + 16
-    msg_at = suffix_at + len(suffix) + 16
-    heap = (msg_at + len(msg) + 15) // 16 * 16 + 16
-    request, reply_shape = SHAPES[hook]
-    return _WASM_ECHO.format(hook=hook, request=request, reply_shape=reply_shape, heap=heap, prefix_at=prefix_at,
-                             prefix=_wat_string(prefix), prefix_len=len(prefix), suffix_at=suffix_at,
-                             suffix=_wat_string(suffix), suffix_len=len(suffix), msg_at=msg_at,
-                             msg=_wat_string(msg), msg_len=len(msg))
-
-
-def _wasm_plan(name: str, description: str, author: str, chosen: list[str], written: list[str]) -> ScaffoldPlan:
-    try:
-        import wasmtime
-
-        from engine import wasm
-    except ImportError as exc:
-        raise ScaffoldError("runtime_not_scaffoldable", "the wasm runtime is not available in this build") from exc
-    files: dict[str, bytes] = {}
-    hook_files: dict[str, str] = {}
-    for hook in written:
-        log_line = f"{name}: {hook} called"
-        wat = wasm_echo_wat(hook, log_line) if hook in _WASM_ECHO_PARTS else wasm.hook_wat(log_line, _result_for(hook))
-        files[f"hooks/{hook}.wat"] = wat.encode("utf-8")
-        files[f"hooks/{hook}.wasm"] = bytes(wasmtime.wat2wasm(wat))
-        hook_files[hook] = f"hooks/{hook}.wasm"
-    text = manifest_text(name, description, "wasm", hook_files, chosen, author)
-    text += ("\n# Host calls beyond az_log need a capability here AND the service policy\n"
-             "# ([runtime.wasm] allowed_host_calls in config.toml), e.g. \"host:az_env_get\";\n"
-             "# az_http_get also needs allow_network = true in [hooks] and the host in allowed_hosts.\n"
-             "[wasm]\ncapabilities = []\n")
-    files["plugin.toml"] = text.encode("utf-8")
-    return ScaffoldPlan("wasm", files, set())

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine import findings as F
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
-from engine.manifest import ManifestError, load_plugin
+from engine.plugins.loader import load_plugin
+from engine.plugins.manifest import ManifestError
 from engine.runner import resolve_script
 from engine.runtimes import RUNTIMES, find_launcher
 
@@ -57,7 +59,8 @@ def add_sandbox_findings(add) -> None:
                       "(user.max_user_namespaces > 0); see docs/compatibility.md."))
 
 
-def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintReport:
+def lint_plugin(plugin_dir: Path, installed: set[str] | None = None, wasm_policy: Any = None) -> LintReport:
+    """`wasm_policy`: the service's engine.wasm.WasmPolicy for a wasm plugin's imports (None: the defaults)."""
     report = LintReport(plugin_dir.name)
 
     def add(f: Finding) -> None:
@@ -96,10 +99,10 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None) -> LintRepo
         if m.integrity and script not in m.integrity:
             add(F.warning("integrity.hook_unsigned", f"{hook}: {script} has no [integrity] entry",
                           "Add its sha256 to [integrity] so tampering is detected."))
-    if resolved.runtime.in_process and not resolved.custom_launcher:  # wasm: ABI, imports, memory (engine/wasm.py)
-        from engine.wasm import check_plugin
+    if resolved.runtime.in_process and not resolved.custom_launcher:  # wasm: ABI, imports, memory (engine/wasm/)
+        from engine.wasm import WasmPolicy, check_plugin
 
-        for f in check_plugin(plugin_dir, declared):
+        for f in check_plugin(plugin_dir, declared, wasm_policy or WasmPolicy(), m.wasm_capabilities):
             if f.id not in ("wasm.module_missing", "wasm.module_path"):  # reported above
                 add(f)
     if not declared:

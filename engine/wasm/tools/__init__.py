@@ -1,0 +1,47 @@
+"""AgentZero-style WASM tool plugins.
+
+    manifest.py   manifest.json and its rules; the package format (`package`)
+    installer.py  install a package (fetched or uploaded), unpacked under limits
+    installed.py  the installed tools, their state file, discovery and the view the API shows
+    run.py        run a tool once (with `module_hash_policy` checked every time)
+"""
+
+from engine.wasm.tools.installed import (
+    InstalledTool,
+    describe,
+    get_tool,
+    list_tools,
+    load_state,
+    module_sha256,
+    refresh_info,
+    remove,
+    set_enabled,
+)
+from engine.wasm.tools.installer import (
+    INCOMING_DIR,
+    MAX_MEMBERS,
+    fetch_package,
+    fetch_package_to,
+    incoming_dir,
+    install,
+    install_file,
+    unpack_package,
+)
+from engine.wasm.tools.manifest import (
+    LOCK_FILE,
+    MAX_PACKAGE_BYTES,
+    STATE_FILE,
+    ToolError,
+    ToolManifest,
+    package,
+    parse_manifest,
+    sha256_hex,
+)
+from engine.wasm.tools.run import ToolRun, execute, map_output, workspace_for
+
+__all__ = [
+    "INCOMING_DIR", "LOCK_FILE", "MAX_MEMBERS", "MAX_PACKAGE_BYTES", "STATE_FILE", "InstalledTool", "ToolError",
+    "ToolManifest", "ToolRun", "describe", "execute", "fetch_package", "fetch_package_to", "get_tool", "incoming_dir",
+    "install", "install_file", "list_tools", "load_state", "map_output", "module_sha256", "package", "parse_manifest",
+    "refresh_info", "remove", "set_enabled", "sha256_hex", "unpack_package", "workspace_for",
+]
