@@ -12,9 +12,9 @@ from typing import Any
 
 from engine import default_engine as D
 from engine import hooks as H
-from engine.catalog import Catalog
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.invoke import retry_delay_ms
+from engine.plugins.catalog import Catalog
 from engine.ports import MemoryStore, Summarizer
 from engine.requests import normalise
 

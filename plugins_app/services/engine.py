@@ -9,10 +9,10 @@ import urllib.request
 
 from django.conf import settings
 
-from engine.catalog import Catalog
 from engine.config import ConfigCache, LlmConfig
 from engine.home import Home
 from engine.hook_policy import HookPolicy
+from engine.plugins.catalog import Catalog
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.services.memory import DbMemoryStore
