@@ -17,8 +17,7 @@ from engine.invoke import retry_delay_ms
 from engine.plugins.catalog import Catalog
 from engine.ports import MemoryStore, Summarizer
 from engine.requests import normalise
-
-NO_PLUGIN_DEADLINE_SECS = 30.0
+from engine.strategies import STRATEGIES
 
 
 def chain(catalog: Catalog, cfg: ServiceConfig) -> list[str]:
@@ -27,20 +26,20 @@ def chain(catalog: Catalog, cfg: ServiceConfig) -> list[str]:
 
 
 def deadline_secs(hook: str, catalog: Catalog, cfg: ServiceConfig) -> float:
-    """How long an agent may wait for `hook`: every layer's timeout with its retries (bootstrap 2x); layers of
-    sequential hooks add up, ingest layers run concurrently. 30 s when no plugin serves."""
+    """How long an agent may wait for `hook`: every layer's timeout (H.timeout_for) with its retries; layers that
+    run in order add up, concurrent ones (engine/strategies.py: ingest, after_turn) take the slowest. The default
+    timeout when no plugin serves."""
     budgets = []
     for name in chain(catalog, cfg):
         plugin = catalog.get(name).plugin
         if plugin is None or not plugin.manifest.hooks.script_for(hook):
             continue
         s = plugin.manifest.hooks
-        timeout = s.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
         delays = sum(retry_delay_ms(s.retry_delay_ms, n) for n in range(1, s.max_retries + 1)) / 1000
-        budgets.append(timeout * (1 + s.max_retries) + delays)
+        budgets.append(H.timeout_for(hook, s) * (1 + s.max_retries) + delays)
     if not budgets:
-        return NO_PLUGIN_DEADLINE_SECS * (2 if hook == H.BOOTSTRAP else 1)
-    return max(budgets) if hook in (H.INGEST, H.AFTER_TURN) else sum(budgets)
+        return H.timeout_for(hook)
+    return max(budgets) if STRATEGIES[hook].concurrent else sum(budgets)
 
 
 def default_result(hook: str, req: dict[str, Any], cfg: ServiceConfig, memory: MemoryStore,

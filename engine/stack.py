@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import default_engine as D
+from engine import hook_policy as policy
 from engine import hooks as H
 from engine import protocol as P
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
-from engine.invoke import Attempt, Judge, Overrides, invoke, retry_delay_ms
+from engine.invoke import Attempt, Judge, Overrides, invoke
 from engine.overrides import BootstrapOverrides
 from engine.plugins.catalog import Catalog
 from engine.ports import (
@@ -99,30 +100,11 @@ class ContextEngine:
 
     def chain(self, cfg: ServiceConfig | None = None) -> list[str]:
         """Configured plugins that are installed and enabled, in order."""
-        cfg = cfg or self.config.get()
-        out = []
-        for name in cfg.context_engine.chain:
-            if self.catalog.exists(name) and self.catalog.get(name).enabled:
-                out.append(name)
-        return out
+        return policy.chain(self.catalog, cfg or self.config.get())
 
     def deadline_secs(self, hook: str) -> float:
-        """How long an agent may wait for `hook`: every layer's timeout (H.timeout_for) with its retries; layers
-        that run in order add up, concurrent ones (ingest, after_turn) take the slowest. The default timeout when no
-        plugin serves."""
-        budgets = []
-        for name in self.chain():
-            plugin = self.catalog.get(name).plugin
-            if plugin is None or not plugin.manifest.hooks.script_for(hook):
-                continue
-            s = plugin.manifest.hooks
-            delays = sum(retry_delay_ms(s.retry_delay_ms, n) for n in range(1, s.max_retries + 1)) / 1000
-            budgets.append(H.timeout_for(hook, s) * (1 + s.max_retries) + delays)
-        if not budgets:
-            return H.timeout_for(hook)
-        return max(budgets) if STRATEGIES[hook].concurrent else sum(budgets)
-
-    # ---- answering ----
+        """How long an agent may wait for `hook` (engine/hook_policy.py, the same rule the web tier uses)."""
+        return policy.deadline_secs(hook, self.catalog, self.config.get())
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
@@ -166,17 +148,7 @@ class ContextEngine:
         return EngineReply(self._default_result(hook, req, cfg), "default", reason)
 
     def _default_result(self, hook: str, req: dict, cfg: ServiceConfig) -> dict:
-        if hook == H.INGEST:
-            if cfg.context_engine.stable_prefix_mode:
-                return {"type": "ingest_result", "memories": []}
-            return D.ingest(req, self.deps.memory, cfg.context_engine.max_recall_results)
-        if hook == H.ASSEMBLE:
-            return D.assemble(req)
-        if hook == H.COMPACT:
-            return D.compact(req, self.deps.summarizer_for(cfg.llm))
-        if hook == H.TRANSFORM_TOOL_RESULT:
-            return {"type": "unchanged", "content": req.get("content"), "result": req.get("content")}
-        return D.ok()
+        return policy.default_result(hook, req, cfg, self.deps.memory, self.deps.summarizer_for(cfg.llm))
 
     def _applies(self, name: str, hook: str, req: dict) -> bool:
         """The plugin's filters: ingest_filter / ingest_regex (ingest) and only_for_agent_ids."""
