@@ -71,6 +71,7 @@ class SandboxSpec:
     read_only: bool = False  # allow_filesystem = false: every mount read-only ...
     writable: tuple = ()  # ... except these directories
     cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
+    cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
     gid: int = 0
 
@@ -79,7 +80,7 @@ class SandboxSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups"}
+        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 
@@ -118,10 +119,14 @@ def _mount(lib, source, target, fstype, flags, data=None) -> None:
 
 # ---- in the child ---------------------------------------------------------------------------------------------
 
-def enter(spec: SandboxSpec, parent_pid: int) -> None:
+def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> None:
     """Apply `spec` in a freshly forked child whose parent is `parent_pid`. Returns in the process that must become
     the hook (exec it, or run the script); never returns in the keeper or init. Raises SetupError when something
-    cannot be applied: the caller must then exit without running the hook."""
+    cannot be applied: the caller must then exit without running the hook.
+
+    `done_fd` (a pipe to the spawner): the keeper writes the hook's 4-byte wait status there as soon as the namespace
+    is empty, before its own exit tears the namespaces down, so the spawner can answer early. The hook never holds
+    it."""
     lib = libc()
     if lib is not None:
         lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -138,11 +143,13 @@ def enter(spec: SandboxSpec, parent_pid: int) -> None:
         if spec.user_ns:
             _map_ids(spec.uid, spec.gid)
         _build_view(lib, spec)
-        _split_keeper_init_hook(lib)  # returns in the hook only
+        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")
         _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
+    if done_fd is not None and not spec.isolate:
+        os.close(done_fd)  # the hook must not be able to report a status of its own (closed above when isolated)
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if lib is not None:
@@ -188,7 +195,7 @@ def _build_view(lib, spec: SandboxSpec) -> None:
             _check(rc, f"read-only {mountpoint}")
 
 
-def _split_keeper_init_hook(lib) -> None:
+def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
     """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
@@ -197,7 +204,7 @@ def _split_keeper_init_hook(lib) -> None:
     init_pid = _fork()
     if init_pid:
         os.close(status_w)
-        _keep(init_pid, status_r)
+        _keep(init_pid, status_r, done_fd)
     os.close(status_r)
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     poller = select.poll()
@@ -218,6 +225,8 @@ def _split_keeper_init_hook(lib) -> None:
     if hook_pid:
         _init(hook_pid, status_w)
     os.close(status_w)
+    if done_fd is not None:
+        os.close(done_fd)
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
 
 
@@ -227,14 +236,17 @@ def _fork() -> int:
         return os.fork()
 
 
-def _close_all_but(keep: int) -> None:
-    os.closerange(0, keep)
-    os.closerange(keep + 1, 1 << 20)
+def _close_all_but(*keep: int | None) -> None:
+    low = 0
+    for fd in sorted(k for k in keep if k is not None):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
-def _keep(init_pid: int, status_r: int) -> None:
+def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
     """The keeper: holds no pipe of the hook, waits for init, then exits the way the hook did. Never returns."""
-    _close_all_but(status_r)
+    _close_all_but(status_r, done_fd)
     status = _wait_for(init_pid)
     os.set_blocking(status_r, False)
     try:
@@ -243,6 +255,11 @@ def _keep(init_pid: int, status_r: int) -> None:
         data = b""
     if len(data) >= 4:
         status = int.from_bytes(data[:4], "little", signed=True)  # the hook's own wait status, reported by init
+    if done_fd is not None:  # init is gone, and with it every process of the namespace: the call is over
+        try:
+            os.write(done_fd, status.to_bytes(4, "little", signed=True))
+        except OSError:
+            pass
     _exit_like(status)
 
 
@@ -458,28 +475,49 @@ class Cgroups:
 
     def create(self, memory_bytes: int | None, pids: int | None) -> tuple:
         """Directories of a fresh cgroup (one per hierarchy) with these limits; () where none can be made."""
-        wanted = {"memory": memory_bytes, "pids": pids}
+        made = self.prepare(c for c, limit in (("memory", memory_bytes), ("pids", pids)) if limit)
+        if made and not self.limit(made, memory_bytes, pids):
+            self.release(made)
+            return ()
+        return made
+
+    def prepare(self, controllers=("memory", "pids")) -> tuple:
+        """Directories of a fresh cgroup without limits yet (a spawner's spare child joins it ahead of its call:
+        joining a cgroup v1 hierarchy waits for an RCU grace period, up to ~12 ms on an idle machine)."""
         bases = self._found()
         with self._lock:
             self._retry_pending()
             self._count += 1
             name = f"librefang-hook-{os.getpid()}-{self._count}"
-        made: dict = {}
+        made: list = []
         try:
-            for controller, limit in wanted.items():
+            for controller in controllers:
+                if controller in bases:
+                    path = os.path.join(bases[controller][1], name)
+                    if path not in made:
+                        os.mkdir(path)
+                        made.append(path)
+        except OSError:
+            self.release(tuple(made))
+            return ()
+        return tuple(made)
+
+    def limit(self, paths: tuple, memory_bytes: int | None, pids: int | None) -> bool:
+        """Write the limits into a cgroup made by `prepare`; False if one could not be written."""
+        bases = self._found()
+        try:
+            for controller, limit in (("memory", memory_bytes), ("pids", pids)):
                 if not limit or controller not in bases:
                     continue
                 version, base = bases[controller]
-                path = os.path.join(base, name)
-                if path not in made.values():
-                    os.mkdir(path)
-                    made[controller] = path
+                path = next((p for p in paths if os.path.dirname(p) == base), None)
+                if path is None:
+                    return False
                 with open(os.path.join(path, self._FILES[controller][version]), "w") as fh:
                     fh.write(str(limit))
         except OSError:
-            self.release(tuple(made.values()))
-            return ()
-        return tuple(dict.fromkeys(made.values()))
+            return False
+        return True
 
     def oom_killed(self, paths: tuple) -> bool:
         """Whether the kernel killed a process of this call for exceeding its memory limit."""

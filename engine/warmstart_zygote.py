@@ -25,6 +25,7 @@ import json  # noqa: E402  (preloaded for hooks: the one module nearly every pyt
 import json.decoder  # noqa: E402,F401
 import json.encoder  # noqa: E402,F401
 import os  # noqa: E402
+import select  # noqa: E402
 import selectors  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
@@ -73,35 +74,91 @@ def _send(sock, obj):
         pass  # the worker gave up on this call; the child is reaped anyway
 
 
-def _serve(ctl):
-    """Fork children on request. Returns only inside a forked child: (spec, stdio fds) for a child forked for a
-    call, or (None, socket) for the spare child, which then waits on that socket for its call.
+def _serve(ctl, sandbox):
+    """Fork children on request. Returns only inside a forked child: (spec, fds) for a child forked for a call,
+    or (None, socket) for the spare child, which then waits on that socket for its call. `fds` are the call's
+    stdin, stdout, stderr, then the keeper's done pipe, then (exec mode) the exec error pipe.
 
-    One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's stdio and
-    spec. A spare has never run anything but this loop's fork; it is as fresh as a child forked on demand.
+    One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's fds and
+    spec. A spare has never run anything but this loop's fork, and it has already joined a fresh cgroup (made
+    here, limits written when its call arrives): joining a cgroup v1 hierarchy waits for an RCU grace period,
+    ~1 ms back to back but ~12 ms once the machine has idled, and a spare pays it while it waits.
+
+    A call is answered with its child's pid, then `{"rc", "oom"}` as soon as the keeper reports the hook's status
+    on the done pipe (the namespace is empty by then; its teardown finishes after the answer), or when the child
+    is reaped. The call's cgroup is removed after the child is reaped, off the call's path.
     """
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
-    children = {}  # pidfd -> (pid, reply socket)
+    children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
-    spare = None  # (pid, socket to it)
+    spare = None  # (pid, socket to it, its cgroups)
+    leftover = []  # cgroups still busy when their call was reaped
+    cgroups = sandbox.cgroups if sandbox is not None else None
 
     def in_child():
         sel.close()
         ctl.close()
-        for pidfd, (_pid, other) in children.items():
-            other.close()
+        for pidfd, (_pid, other, _cg, done_r) in children.items():
+            if other is not None:
+                other.close()
+            if done_r is not None:
+                os.close(done_r)
             os.close(pidfd)
         if spare is not None:
             spare[1].close()
 
+    def remove(paths):
+        for path in paths:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                leftover.append(path)
+
     def drop_spare():
-        pid, sock = spare
+        pid, sock, paths = spare
         sock.close()  # EOF: the spare exits
         os.waitpid(pid, 0)
+        remove(paths)
+
+    def answer(child, status):
+        pid, reply, paths, _done = child
+        if reply is None:
+            return
+        try:
+            rc = os.waitstatus_to_exitcode(status)
+        except ValueError:
+            rc = -_SIGKILL
+        _send(reply, {"rc": rc, "oom": bool(paths) and sandbox._oom_killed(tuple(paths))})
+        reply.close()
+        child[1] = None
+
+    def exit_now():
+        """The worker is gone (or we retired): end the calls still running, as PDEATHSIG would, and leave no cgroup
+        behind (what stays busy is removed by the next process that finds it, engine/sandbox.py _remove_stale)."""
+        if spare is not None:
+            drop_spare()
+        for pid, _reply, paths, _done in children.values():
+            try:
+                os.kill(pid, _SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            leftover.extend(paths)
+        for _ in range(50):
+            if not leftover:
+                break
+            retry, leftover[:] = list(leftover), []
+            remove(retry)
+            if leftover:
+                select.select([], [], [], 0.01)
+        os._exit(0)
 
     while True:
         if spare is None and not draining:
+            paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 pid = os.fork()
@@ -110,25 +167,35 @@ def _serve(ctl):
             if pid == 0:
                 ours.close()
                 in_child()
+                for path in paths:  # first: everything this process starts is counted
+                    try:
+                        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                            fh.write("0")
+                    except OSError:
+                        os._exit(0)  # seen as a dead spare: the call is forked on demand
                 return None, theirs
             theirs.close()
             if pid is None:
                 ours.close()
+                remove(paths)
             else:
-                spare = (pid, ours)
-        for key, _ in sel.select():
+                spare = (pid, ours, paths)
+        if leftover:
+            retry, leftover[:] = list(leftover), []
+            remove(retry)
+        for key, _ in sel.select(0.5 if leftover else None):
             if key.data is None:
                 try:
                     msg, anc, _flags, _addr = ctl.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
                 except InterruptedError:
                     continue
                 if not msg:  # the worker is gone: children die with us (PDEATHSIG), the spare on EOF
-                    os._exit(0)
+                    exit_now()
                 fds = array.array("i")
                 for level, kind, data in anc:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                         fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-                if len(fds) != 4:
+                if len(fds) not in (4, 5):
                     for fd in fds:
                         os.close(fd)
                     if not fds and _HEADER.unpack(msg)[0] == 0:  # retired: finish the running hooks, then exit
@@ -137,65 +204,93 @@ def _serve(ctl):
                             drop_spare()
                             spare = None
                         if not children:
-                            os._exit(0)
+                            exit_now()
                     continue
                 reply = socket.socket(fileno=fds[0])
-                stdio = list(fds[1:])
-                pid = None
+                done_r, done_w = os.pipe()
+                passed = [*fds[1:4], done_w, *fds[4:]]
+                pid, paths = None, ()
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
-                    raw = _recv_exact(reply, _HEADER.unpack(msg)[0])
+                    spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
+                    box = spec["sandbox"]
+                    limits = box.get("cgroup_limits") or ()
                     if spare is not None:
-                        pid, sock = spare
+                        pid, sock, paths = spare
                         spare = None
                         try:
+                            if os.waitpid(pid, os.WNOHANG)[0]:
+                                raise OSError("the spare child died")
+                            if limits and not cgroups.limit(paths, *limits):
+                                raise OSError("cannot write the cgroup limits")
+                            raw = json.dumps(spec).encode()
                             sock.sendmsg([_HEADER.pack(len(raw))],
-                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
                             sock.sendall(raw)
-                        except OSError:  # the spare died: fork on demand instead
+                        except OSError:  # fork on demand instead
                             try:
                                 os.kill(pid, _SIGKILL)
+                                os.waitpid(pid, 0)
                             except OSError:
                                 pass
-                            os.waitpid(pid, 0)
-                            pid = None
+                            remove(paths)
+                            pid, paths = None, ()
                         finally:
                             sock.close()
                     if pid is None:
-                        spec = json.loads(raw)
+                        if limits and cgroups is not None:
+                            paths = cgroups.create(*limits)
+                            box["cgroups"] = list(paths)  # joined by sandbox.enter, on the call's path
                         pid = os.fork()
                 except Exception as exc:
                     _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
-                    for fd in stdio:
+                    for fd in (*passed, done_r):
                         os.close(fd)
+                    remove(paths)
                     continue
                 if pid == 0:
                     reply.detach()
+                    os.close(done_r)
                     in_child()
-                    return spec, stdio
-                for fd in stdio:
+                    return spec, passed
+                for fd in passed:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
-                children[pidfd] = (pid, reply)
+                children[pidfd] = child = [pid, reply, paths, done_r]
                 sel.register(pidfd, selectors.EVENT_READ, "child")
+                sel.register(done_r, selectors.EVENT_READ, child)
                 _send(reply, {"pid": pid})
-            else:
+            elif key.data == "child":
                 pidfd = key.fd
                 sel.unregister(pidfd)
-                pid, reply = children.pop(pidfd)
+                child = children.pop(pidfd)
                 os.close(pidfd)
-                _, status = os.waitpid(pid, 0)
-                _send(reply, {"rc": os.waitstatus_to_exitcode(status)})
-                reply.close()
+                _, status = os.waitpid(child[0], 0)
+                answer(child, status)
+                if child[3] is not None:
+                    sel.unregister(child[3])
+                    os.close(child[3])
+                remove(child[2])
                 if draining and not children:
-                    os._exit(0)
+                    exit_now()
+            else:  # the keeper reports the hook's status: the namespace is empty, answer now
+                child = key.data
+                try:
+                    data = os.read(child[3], 4)
+                except OSError:
+                    data = b""
+                sel.unregister(child[3])
+                os.close(child[3])
+                child[3] = None
+                if len(data) == 4:
+                    answer(child, int.from_bytes(data, "little", signed=True))
 
 
 def _await_call(sock):
-    """In the spare child: wait for the call's stdio and spec; exit quietly if the zygote retires or dies first."""
+    """In the spare child: wait for the call's fds and spec; exit quietly if the zygote retires or dies first."""
     try:
-        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(3 * 4))
+        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(5 * 4))
         if not msg:
             os._exit(0)
         fds = array.array("i")
@@ -216,20 +311,31 @@ def _die(message, code):
         os._exit(code)
 
 
-def _setup_child(spec, stdio, zygote_pid, sandbox, extras_top):
-    """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order."""
+def _setup_child(spec, fds, zygote_pid, sandbox, extras_top):
+    """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order.
+    In exec mode, returns (after the sandbox) the exec error pipe, and the rest is the caller's."""
     os.setsid()
+    stdio, done, exec_error = fds[:3], fds[3], (fds[4] if len(fds) > 4 else None)
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
+    keep = sorted(fd for fd in (done, exec_error) if fd is not None)
     for fd in stdio:
-        if fd > 2:
+        if fd > 2 and fd not in keep:
             os.close(fd)
-    os.closerange(3, 65536)
+    low = 3
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+    if exec_error is not None:
+        os.set_inheritable(exec_error, False)
     box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
     try:
-        sandbox.enter(box, zygote_pid)  # returns in the hook's own process
+        sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process
     except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
         _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+    if "argv" in spec:
+        return exec_error
     sys.modules.pop(_SANDBOX_NAME, None)  # a fresh interpreter would not have it
     spec["env"] = box.env
     os.environ.clear()
@@ -401,16 +507,36 @@ def _load_sandbox(path):
     return module
 
 
-def _main():
+def _exec(spec, exec_error):
+    """Exec mode: become the hook's own program, as subprocess.Popen's child does (signals Python ignores back to
+    their defaults). An exec failure goes back to the worker as an errno on the exec error pipe."""
+    import signal
+
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    argv = spec["argv"]
+    try:
+        os.execve(argv[0], argv, spec["sandbox"]["env"])
+    except OSError as exc:
+        try:
+            os.write(exec_error, str(exc.errno or 0).encode())
+        finally:
+            os._exit(127)
+
+
+def _main(exec_mode=False):
+    """Serve python hooks (the zygote) or, with `exec_mode`, exec any hook's program (engine/hook_spawner.py: the
+    worker never forks itself for a cold hook). Returns in a child, with its spec."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
-    problem = _check_preloaded()
+    problem = None if exec_mode else _check_preloaded()
     sandbox = None
     if not problem:
         try:
             sandbox = _load_sandbox(sys.argv[2])
         except Exception as exc:  # noqa: BLE001 - reported in the handshake: hooks then spawn normally
             problem = f"cannot load the sandbox module: {type(exc).__name__}: {exc}"
-    if not problem:  # what the sandbox module imported must be this interpreter's stdlib too
+    if not problem and not exec_mode:  # what the sandbox module imported must be this interpreter's stdlib too
         sys.modules.pop(_SANDBOX_NAME, None)
         problem = _check_preloaded()
         sys.modules[_SANDBOX_NAME] = sandbox
@@ -420,17 +546,20 @@ def _main():
     extras_top = frozenset(n.partition(".")[0] for n in set(sys.modules) - _BASELINE
                            if getattr(sys.modules[n], "__file__", None))
     zygote_pid = os.getpid()
+    sandbox.cgroups.available()  # found (and stale leftovers removed) once, before the first child
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
-    spec, stdio = _serve(ctl)
+    spec, fds = _serve(ctl, sandbox)
     if spec is None:  # the spare child
-        spec, stdio = _await_call(stdio)
+        spec, fds = _await_call(fds)
     try:
-        _setup_child(spec, stdio, zygote_pid, sandbox, extras_top)
+        exec_error = _setup_child(spec, fds, zygote_pid, sandbox, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
+    if exec_mode:
+        _exec(spec, exec_error)
     return spec
 
 
