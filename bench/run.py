@@ -481,7 +481,7 @@ def own_cpu_ms() -> float:
     """CPU of this process, its reaped children (direct spawns, cold hooks) and our zygotes' children (warm hooks)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     total = (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000
-    return total + sum(proc_cpu_ms(z) for z in warmstart.zygote_pids())
+    return total + sum(proc_cpu_ms(z) for z in warmstart.helper_pids())  # zygotes and the cold-hook spawner
 
 
 def service_cpu_ms(service: LiveService) -> float:
@@ -508,7 +508,7 @@ def zygotes_of(pid: int) -> list[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"warmstart_zygote" in cmd:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and (b"warmstart_zygote" in cmd or b"hook_spawner" in cmd):
             found.append(int(entry.name))
     return found
 
