@@ -1,9 +1,10 @@
 """What a hook gets, described once (`SandboxSpec`), and the one function that applies it in the child (`enter`).
 
-Both spawn paths apply the same description: the cold path calls `enter` in the forked child right before exec
-(engine/runner.py), the warm-start zygote calls it in its forked child right before running the script
-(engine/warmstart_zygote.py receives the spec as JSON and loads this file by path). So this module is stdlib only,
-imports nothing from the engine and runs on any CPython >= 3.9.
+Every spawn path applies the same description: the warm-start zygote calls `enter` in its forked child right before
+running the script, the cold-hook spawner right before exec'ing the hook (engine/warmstart_zygote.py and
+engine/hook_spawner.py receive the spec as JSON and load this file by path), and the worker itself, as a preexec
+function, when neither is available (engine/runner.py). So this module is stdlib only, imports nothing from the
+engine and runs on any CPython >= 3.9.
 
 Where the OS allows namespaces (root, or an unprivileged user namespace), `enter` gives every hook:
 - its own PID namespace with a fresh /proc: it sees no service process. The child that called `enter` stays outside
@@ -19,7 +20,8 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
 - no capabilities and no_new_privs (root hooks cannot undo the mounts; a user namespace's powers end at exec anyway).
 - rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
   processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
-  creates it with `Cgroups.create`; `enter` moves the hook in before anything else).
+  creates it with `Cgroups.create`; `enter` moves the hook in before anything else), or one the zygote's spare
+  child joined ahead of its call (`Cgroups.prepare`, then `Cgroups.limit` when the call arrives).
 
 Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
 rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.

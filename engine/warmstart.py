@@ -10,7 +10,9 @@ same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by 
 
 When it does not apply (another runtime, a custom launcher, `[hooks] warm_start = false`,
 `LIBREFANG_WARM_START=0`) or the zygote is unavailable (it failed to start or died: it is restarted for later calls),
-`spawn()` returns None and the runner spawns the hook normally.
+`spawn()` returns None and the runner spawns the hook cold: `spawn_exec()` hands it to the spawner
+(engine/hook_spawner.py: the zygote's loop in exec mode, one per worker, run by the worker's own interpreter), which
+execs it inside the same sandbox; only when that is unavailable too (or LIBREFANG_SPAWNER=0) does the worker spawn it.
 """
 
 from __future__ import annotations
