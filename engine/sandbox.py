@@ -152,11 +152,171 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
         _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
     if done_fd is not None and not spec.isolate:
         os.close(done_fd)  # the hook must not be able to report a status of its own (closed above when isolated)
+    _enter_last(lib, spec)
+
+
+def _enter_last(lib, spec: SandboxSpec) -> None:
+    """What the hook's own process applies last, whichever way it got its namespaces."""
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if lib is not None:
         _drop_privileges(lib)
     os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
+
+
+# ---- the same, in two steps: a spare child enters the namespaces before its call ---------------------------------
+
+def shape_of(spec: SandboxSpec) -> tuple | None:
+    """What `pre_enter` prepares ahead of a call: the same for every call of one service, so a spare child prepared
+    for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    if not spec.isolate:
+        return None
+    return spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide)
+
+
+class Prepared:
+    """A spare child's namespaces, entered ahead of its call: init (pid 1) is waiting on `to_init`."""
+
+    __slots__ = ("init_pid", "to_init", "status_r")
+
+    def __init__(self, init_pid: int, to_init, status_r: int):
+        self.init_pid = init_pid
+        self.to_init = to_init
+        self.status_r = status_r
+
+
+def pre_enter(shape: tuple, parent_pid: int):
+    """In a spare child (already in its own session and cgroup): everything of `enter` that does not depend on the
+    call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys read-only, and init forked
+    with a fresh /proc. Returns a `Prepared` in the spare (it becomes the keeper in `finish_enter`); init waits for
+    the call from `finish_enter`, makes the network namespace, forks the hook, and this function returns
+    `(call, fds)` in the hook (the rest is `enter_hook`). Raises SetupError in the spare."""
+    user_ns, uid, gid, hide, home_exists = shape
+    lib = libc()
+    if lib is None:
+        raise SetupError("no libc")
+    lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(137)
+    _check(lib.unshare(CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    if user_ns:
+        _map_ids(uid, gid)
+    _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
+    home_fd = None
+    if home_exists:
+        # The home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here
+        # (a bind's source must be a mount of the caller's own namespace, so not a descriptor opened outside).
+        home_fd = os.open(hide, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        _mount(lib, "tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    _read_only_mounts(lib, False, (), sys_only=True)
+    import socket
+
+    to_init, from_keeper = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        from_keeper.close()
+        if home_fd is not None:
+            os.close(home_fd)
+        return Prepared(init_pid, to_init, status_r)
+    os.close(status_r)
+    to_init.close()
+    try:
+        _become_init(lib, status_w)
+    except BaseException:  # noqa: BLE001 - the keeper finds no init when its call comes, and fails it (126)
+        os._exit(SETUP_FAILED)
+    try:
+        call, fds = _receive(from_keeper)
+    except (OSError, ValueError, EOFError):
+        os._exit(0)  # the spare was dropped before its call
+    from_keeper.close()
+    try:  # the call's part of the view, in init: only here does /proc/self (the kept descriptors) resolve
+        spec = SandboxSpec.from_dict(call["sandbox"])
+        if home_fd is None and spec.hide and os.path.isdir(spec.hide):
+            raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
+        if home_fd is not None:
+            kept = []
+            for path, real in call.pop("kept", []):
+                if _under(real, hide):  # reached through the covered home, as `enter` opens it before covering
+                    fd = os.open(os.path.relpath(real, hide), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                                 dir_fd=home_fd)
+                else:  # a linked plugin directory outside the home
+                    fd = os.open(real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                kept.append((path, fd))
+            os.close(home_fd)
+            _bind_back(lib, hide, kept)
+        _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+        if spec.new_net:
+            _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
+        _report_setup_failure(fds, str(exc))
+        os._exit(SETUP_FAILED)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    return call, fds
+
+
+def finish_enter(prepared: Prepared, call: dict, fds: list, done_fd: int | None) -> None:
+    """In the prepared spare, once its call arrived: hand init the call (`call["kept"]`: the directories to bind
+    back, from `kept_dirs`), and become the keeper. Never returns."""
+    import array
+    import socket
+
+    try:
+        raw = json.dumps(call).encode()
+        prepared.to_init.sendmsg([len(raw).to_bytes(4, "big")],
+                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        prepared.to_init.sendall(raw)
+    except Exception as exc:  # noqa: BLE001 - init is gone: the hook never runs
+        _report_setup_failure(fds, str(exc))
+        os._exit(SETUP_FAILED)
+    _keep(prepared.init_pid, prepared.status_r, done_fd)
+
+
+def kept_dirs(spec: SandboxSpec) -> list:
+    """[path, real path] of the directories a prepared init binds back into the covered home: what `open_kept`
+    would open, resolved where the home is still visible."""
+    if not (spec.hide and os.path.isdir(spec.hide)):
+        return []
+    return [[path, os.path.realpath(path)] for path in spec.keep if _under(path, spec.hide) and os.path.isdir(path)]
+
+
+def enter_hook(call: dict) -> None:
+    """In the hook forked by a prepared init: the last part of `enter`."""
+    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))
+
+
+def _receive(sock) -> tuple:
+    import array
+    import socket
+
+    msg, anc, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(16 * 4))
+    if len(msg) < 4:
+        raise EOFError("no call")
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    size, buf = int.from_bytes(msg, "big"), bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise EOFError("call cut short")
+        buf += chunk
+    return json.loads(bytes(buf)), list(fds)
+
+
+def _report_setup_failure(fds: list, message: str) -> None:
+    if len(fds) > 2:
+        try:
+            os.write(fds[2], f"sandbox setup failed in the child: {message}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -165,28 +325,44 @@ def _map_ids(uid: int, gid: int) -> None:
             fh.write(text)
 
 
+def open_kept(spec: SandboxSpec) -> list:
+    """(path, O_PATH descriptor) of the directories bound back into the covered home, opened while the home is
+    still visible."""
+    if not (spec.hide and os.path.isdir(spec.hide)):
+        return []
+    return [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            for path in spec.keep if _under(path, spec.hide) and os.path.isdir(path)]
+
+
 def _build_view(lib, spec: SandboxSpec) -> None:
     _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
     if spec.hide and os.path.isdir(spec.hide):
-        kept = []
-        for path in spec.keep:  # held open across the tmpfs, then bound back from the descriptor
-            if _under(path, spec.hide) and os.path.isdir(path):
-                kept.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
+        kept = open_kept(spec)  # held open across the tmpfs, then bound back from the descriptor
         _mount(lib, "tmpfs", spec.hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-        for path, fd in kept:
-            os.makedirs(path, exist_ok=True)
-            _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            os.close(fd)
-        _mount(lib, None, spec.hide, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    if spec.read_only:
-        for path in spec.writable:  # own mounts, so that they stay writable when everything else is not
+        _bind_back(lib, spec.hide, kept)
+    _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+
+
+def _bind_back(lib, hide: str, kept: list) -> None:
+    """Bind the kept directories into the tmpfs covering `hide`, then make that tmpfs read-only."""
+    for path, fd in kept:
+        os.makedirs(path, exist_ok=True)
+        _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    _mount(lib, None, hide, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _read_only_mounts(lib, read_only: bool, writable: tuple, sys_only: bool) -> None:
+    """/sys read-only; with `read_only` every other mount too, except the `writable` directories."""
+    if read_only and not sys_only:
+        for path in writable:  # own mounts, so that they stay writable when everything else is not
             if os.path.isdir(path):
                 _mount(lib, path, path, None, MS_BIND | MS_REC)
     for mountpoint, options in _mounts():
         if _under(mountpoint, "/proc") or _under(mountpoint, "/dev"):
             continue
         if not _under(mountpoint, "/sys"):
-            if not spec.read_only or any(_under(mountpoint, w) for w in spec.writable):
+            if sys_only or not read_only or any(_under(mountpoint, w) for w in writable):
                 continue
         if "ro" in options:
             continue
@@ -208,6 +384,18 @@ def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
         os.close(status_w)
         _keep(init_pid, status_r, done_fd)
     os.close(status_r)
+    _become_init(lib, status_w)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    if done_fd is not None:
+        os.close(done_fd)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
+
+
+def _become_init(lib, status_w: int) -> None:
+    """In init, before it forks the hook: tied to the keeper, and a fresh /proc of its namespace."""
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     poller = select.poll()
     poller.register(status_w, select.POLLOUT)
@@ -223,13 +411,6 @@ def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
         _mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
         lib.mount(None, b"/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   None)
-    hook_pid = _fork()
-    if hook_pid:
-        _init(hook_pid, status_w)
-    os.close(status_w)
-    if done_fd is not None:
-        os.close(done_fd)
-    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
 
 
 def _fork() -> int:

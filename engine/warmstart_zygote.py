@@ -92,7 +92,8 @@ def _serve(ctl, sandbox):
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
-    spare = None  # (pid, socket to it, its cgroups)
+    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None)
+    shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
     leftover = []  # cgroups still busy when their call was reaped
     cgroups = sandbox.cgroups if sandbox is not None else None
 
@@ -118,7 +119,7 @@ def _serve(ctl, sandbox):
                 leftover.append(path)
 
     def drop_spare():
-        pid, sock, paths = spare
+        pid, sock, paths, _shape = spare
         sock.close()  # EOF: the spare exits
         os.waitpid(pid, 0)
         remove(paths)
@@ -173,13 +174,13 @@ def _serve(ctl, sandbox):
                             fh.write("0")
                     except OSError:
                         os._exit(0)  # seen as a dead spare: the call is forked on demand
-                return None, theirs
+                return None, (theirs, shape)
             theirs.close()
             if pid is None:
                 ours.close()
                 remove(paths)
             else:
-                spare = (pid, ours, paths)
+                spare = (pid, ours, paths, shape)
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
@@ -215,14 +216,19 @@ def _serve(ctl, sandbox):
                     spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
                     box = spec["sandbox"]
                     limits = box.get("cgroup_limits") or ()
+                    call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
                     if spare is not None:
-                        pid, sock, paths = spare
+                        pid, sock, paths, spare_shape = spare
                         spare = None
                         try:
                             if os.waitpid(pid, os.WNOHANG)[0]:
                                 raise OSError("the spare child died")
+                            if spare_shape is not None and spare_shape != call_shape:
+                                raise OSError("the spare entered namespaces of another shape")
                             if limits and not cgroups.limit(paths, *limits):
                                 raise OSError("cannot write the cgroup limits")
+                            if spare_shape is not None:  # resolved here, where the home is visible
+                                spec["kept"] = sandbox.kept_dirs(sandbox.SandboxSpec.from_dict(box))
                             raw = json.dumps(spec).encode()
                             sock.sendmsg([_HEADER.pack(len(raw))],
                                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
@@ -235,6 +241,7 @@ def _serve(ctl, sandbox):
                                 pass
                             remove(paths)
                             pid, paths = None, ()
+                            spec.pop("kept", None)
                         finally:
                             sock.close()
                     if pid is None:
@@ -242,6 +249,7 @@ def _serve(ctl, sandbox):
                             paths = cgroups.create(*limits)
                             box["cgroups"] = list(paths)  # joined by sandbox.enter, on the call's path
                         pid = os.fork()
+                    shape = call_shape
                 except Exception as exc:
                     _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
@@ -271,11 +279,14 @@ def _serve(ctl, sandbox):
                 if child[3] is not None:
                     sel.unregister(child[3])
                     os.close(child[3])
+                    child[3] = None
                 remove(child[2])
                 if draining and not children:
                     exit_now()
             else:  # the keeper reports the hook's status: the namespace is empty, answer now
                 child = key.data
+                if child[3] is None:  # reaped in this same round
+                    continue
                 try:
                     data = os.read(child[3], 4)
                 except OSError:
@@ -290,7 +301,7 @@ def _serve(ctl, sandbox):
 def _await_call(sock):
     """In the spare child: wait for the call's fds and spec; exit quietly if the zygote retires or dies first."""
     try:
-        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(5 * 4))
+        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
         if not msg:
             os._exit(0)
         fds = array.array("i")
@@ -315,10 +326,24 @@ def _setup_child(spec, fds, zygote_pid, sandbox, extras_top):
     """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order.
     In exec mode, returns (after the sandbox) the exec error pipe, and the rest is the caller's."""
     os.setsid()
-    stdio, done, exec_error = fds[:3], fds[3], (fds[4] if len(fds) > 4 else None)
+    done, exec_error = fds[3], (fds[4] if len(fds) > 4 else None)
+    _take_stdio(fds[:3], (done, exec_error))
+    box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
+    try:
+        sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process
+    except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
+        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+    if "argv" in spec:
+        return exec_error
+    _as_python_main(spec, box, extras_top)
+    return None
+
+
+def _take_stdio(stdio, extra):
+    """The call's pipes as fds 0-2, `extra` fds kept (close-on-exec), every other fd closed (close_fds=True)."""
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
-    keep = sorted(fd for fd in (done, exec_error) if fd is not None)
+    keep = sorted(fd for fd in extra if fd is not None)
     for fd in stdio:
         if fd > 2 and fd not in keep:
             os.close(fd)
@@ -327,15 +352,35 @@ def _setup_child(spec, fds, zygote_pid, sandbox, extras_top):
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 65536)
-    if exec_error is not None:
-        os.set_inheritable(exec_error, False)
-    box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
+    for fd in keep:
+        os.set_inheritable(fd, False)
+
+
+def _prepared_spare(sock, shape, zygote_pid, sandbox):
+    """A spare child entering its namespaces before its call (sandbox.pre_enter). Never returns in the spare (it
+    becomes the call's keeper); returns (spec, exec error fd or None) in the hook, its stdio taken and its sandbox
+    complete. A spare that cannot prepare exits: the call is then forked on demand."""
+    os.setsid()
     try:
-        sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process
+        got = sandbox.pre_enter(shape, zygote_pid)
+    except BaseException:  # noqa: BLE001
+        os._exit(0)
+    if isinstance(got, sandbox.Prepared):
+        spec, fds = _await_call(sock)
+        sandbox.finish_enter(got, spec, fds[:3] + fds[4:], fds[3])
+        os._exit(126)  # finish_enter never returns
+    spec, fds = got  # the hook, forked by the prepared init
+    exec_error = fds[3] if "argv" in spec else None
+    _take_stdio(fds[:3], (exec_error,))
+    try:
+        sandbox.enter_hook(spec)
     except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
         _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
-    if "argv" in spec:
-        return exec_error
+    return spec, exec_error
+
+
+def _as_python_main(spec, box, extras_top):
+    """The rest of a python hook's start: environment, sys.argv, sys.path[0], preloaded modules it shadows."""
     sys.modules.pop(_SANDBOX_NAME, None)  # a fresh interpreter would not have it
     spec["env"] = box.env
     os.environ.clear()
@@ -552,10 +597,17 @@ def _main(exec_mode=False):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spec, fds = _serve(ctl, sandbox)
-    if spec is None:  # the spare child
-        spec, fds = _await_call(fds)
+    exec_error = None
     try:
-        exec_error = _setup_child(spec, fds, zygote_pid, sandbox, extras_top)
+        if spec is not None:  # forked on demand for a call
+            exec_error = _setup_child(spec, fds, zygote_pid, sandbox, extras_top)
+        elif fds[1] is None:  # a plain spare child
+            spec, fds = _await_call(fds[0])
+            exec_error = _setup_child(spec, fds, zygote_pid, sandbox, extras_top)
+        else:  # a spare that entered its namespaces ahead of its call
+            spec, exec_error = _prepared_spare(fds[0], fds[1], zygote_pid, sandbox)
+            if "argv" not in spec:
+                _as_python_main(spec, sandbox.SandboxSpec.from_dict(spec["sandbox"]), extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
     if exec_mode:

@@ -48,14 +48,41 @@ def home(tmp_path) -> Path:
 
 
 @pytest.fixture(params=["warm", "cold", "worker-spawned"])
-def mode(request, monkeypatch):
+def mode(request, monkeypatch, home):
     """warm: forked from the zygote; cold: exec'd by the spawner; worker-spawned: the fallback when the spawner is
-    unavailable (Popen from the worker, `sandbox.enter` as its preexec function)."""
+    unavailable (Popen from the worker, `sandbox.enter` as its preexec function).
+
+    A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
+    (engine/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
+    (the first call of a helper takes the plain path, `enter`, which test_a_helpers_first_call_is_contained_too
+    covers)."""
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
     monkeypatch.setenv("LIBREFANG_SPAWNER", "0" if request.param == "worker-spawned" else "1")
     warmstart.shutdown()
+    primer = home / "plugins" / "primer"
+    (primer / "hooks").mkdir(parents=True, exist_ok=True)
+    (primer / "hooks" / "hook.py").write_text("import sys\nsys.stdin.read()\nprint('{}')\n")
+    primed = run_hook(HookCall(plugin_dir=primer, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+                               timeout_secs=20, data_dir=home / "plugin_data" / "primer", home_dir=home))
+    assert primed.ok, (primed.failure, primed.stderr)
+    shutil.rmtree(primer)
+    shutil.rmtree(home / "plugin_data" / "primer", ignore_errors=True)
     yield request.param
     warmstart.shutdown()
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_helpers_first_call_is_contained_too(home, warm, monkeypatch):
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if warm else "0")
+    warmstart.shutdown()
+    try:
+        r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
+        assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
+        assert r.reply["kept"] == "mine" and r.reply["state"] == '{"n": 1}'
+    finally:
+        warmstart.shutdown()
 
 
 def call(home: Path, source: str, runtime: str = "python", request=None, **kw) -> HookCall:
@@ -413,9 +440,11 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             out = {{"mode": sandbox.mode()}}
             for warm in ("1", "0"):
                 os.environ["LIBREFANG_WARM_START"] = warm
-                r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
-                                      {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p", home_dir=home))
-                out[warm] = r.reply if r.ok else str(r.failure) + r.stderr
+                for n in ("first", "next"):  # the helper's next spare entered the namespaces ahead of its call
+                    r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
+                                          {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p",
+                                          home_dir=home))
+                    out[warm + n] = r.reply if r.ok else str(r.failure) + r.stderr
             print(json.dumps(out))
         """))
         subprocess.run(["chown", "-R", "65534:65534", str(top)], check=True)
@@ -426,7 +455,7 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             pytest.skip("this kernel refuses unprivileged user namespaces")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["mode"] == "userns", proc.stderr
-        for warm in ("1", "0"):
-            assert out[warm] == {"listing": ["plugin_data", "plugins"], "uid": 65534, "pids": [1, 2]}, out
+        for key in ("1first", "1next", "0first", "0next"):
+            assert out[key] == {"listing": ["plugin_data", "plugins"], "uid": 65534, "pids": [1, 2]}, out
     finally:
         shutil.rmtree(top, ignore_errors=True)
