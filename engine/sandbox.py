@@ -174,23 +174,17 @@ def shape_of(spec: SandboxSpec) -> tuple | None:
     return spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide)
 
 
-class Prepared:
-    """A spare child's namespaces, entered ahead of its call: init (pid 1) is waiting on `to_init`."""
+def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
+    """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
+    not depend on the call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys
+    read-only, init forked with a fresh /proc, and the hook's own process (pid 2) forked too. The spare becomes the
+    keeper at once, init waits for the hook, and the hook waits for its call on `sock` (`await_call(sock)` ->
+    (call, fds), the spare's socket to its zygote): then it binds its own directories back, makes the view read-only
+    if asked and enters an empty network namespace, and this function returns (call, fds) in it (the rest is
+    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
 
-    __slots__ = ("init_pid", "to_init", "status_r")
-
-    def __init__(self, init_pid: int, to_init, status_r: int):
-        self.init_pid = init_pid
-        self.to_init = to_init
-        self.status_r = status_r
-
-
-def pre_enter(shape: tuple, parent_pid: int):
-    """In a spare child (already in its own session and cgroup): everything of `enter` that does not depend on the
-    call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys read-only, and init forked
-    with a fresh /proc. Returns a `Prepared` in the spare (it becomes the keeper in `finish_enter`); init waits for
-    the call from `finish_enter`, makes the network namespace, forks the hook, and this function returns
-    `(call, fds)` in the hook (the rest is `enter_hook`). Raises SetupError in the spare."""
+    The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
+    code runs. Raises SetupError in the spare only (nothing forked yet)."""
     user_ns, uid, gid, hide, home_exists = shape
     lib = libc()
     if lib is None:
@@ -209,30 +203,23 @@ def pre_enter(shape: tuple, parent_pid: int):
         home_fd = os.open(hide, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         _mount(lib, "tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
     _read_only_mounts(lib, False, (), sys_only=True)
-    import socket
-
-    to_init, from_keeper = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe()
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
     init_pid = _fork()
     if init_pid:
         os.close(status_w)
-        from_keeper.close()
-        if home_fd is not None:
-            os.close(home_fd)
-        return Prepared(init_pid, to_init, status_r)
+        _keep(init_pid, status_r, sock.fileno())
     os.close(status_r)
-    to_init.close()
     try:
         _become_init(lib, status_w)
-    except BaseException:  # noqa: BLE001 - the keeper finds no init when its call comes, and fails it (126)
+    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
         os._exit(SETUP_FAILED)
-    try:
-        call, fds = _receive(from_keeper)
-    except (OSError, ValueError, EOFError):
-        os._exit(0)  # the spare was dropped before its call
-    from_keeper.close()
-    try:  # the call's part of the view, in init: only here does /proc/self (the kept descriptors) resolve
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    call, fds = await_call(sock)  # exits quietly if the spare is dropped first
+    try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
         if home_fd is None and spec.hide and os.path.isdir(spec.hide):
             raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
@@ -253,29 +240,16 @@ def pre_enter(shape: tuple, parent_pid: int):
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
-    hook_pid = _fork()
-    if hook_pid:
-        _init(hook_pid, status_w)
-    os.close(status_w)
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
 
 
-def finish_enter(prepared: Prepared, call: dict, fds: list, done_fd: int | None) -> None:
-    """In the prepared spare, once its call arrived: hand init the call (`call["kept"]`: the directories to bind
-    back, from `kept_dirs`), and become the keeper. Never returns."""
-    import array
-    import socket
-
-    try:
-        raw = json.dumps(call).encode()
-        prepared.to_init.sendmsg([len(raw).to_bytes(4, "big")],
-                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        prepared.to_init.sendall(raw)
-    except Exception as exc:  # noqa: BLE001 - init is gone: the hook never runs
-        _report_setup_failure(fds, str(exc))
-        os._exit(SETUP_FAILED)
-    _keep(prepared.init_pid, prepared.status_r, done_fd)
+def _report_setup_failure(fds: list, message: str) -> None:
+    if len(fds) > 2:
+        try:
+            os.write(fds[2], f"sandbox setup failed in the child: {message}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
 
 
 def kept_dirs(spec: SandboxSpec) -> list:
@@ -287,36 +261,8 @@ def kept_dirs(spec: SandboxSpec) -> list:
 
 
 def enter_hook(call: dict) -> None:
-    """In the hook forked by a prepared init: the last part of `enter`."""
+    """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
     _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))
-
-
-def _receive(sock) -> tuple:
-    import array
-    import socket
-
-    msg, anc, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(16 * 4))
-    if len(msg) < 4:
-        raise EOFError("no call")
-    fds = array.array("i")
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    size, buf = int.from_bytes(msg, "big"), bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            raise EOFError("call cut short")
-        buf += chunk
-    return json.loads(bytes(buf)), list(fds)
-
-
-def _report_setup_failure(fds: list, message: str) -> None:
-    if len(fds) > 2:
-        try:
-            os.write(fds[2], f"sandbox setup failed in the child: {message}\n".encode("utf-8", "replace"))
-        except OSError:
-            pass
 
 
 def _map_ids(uid: int, gid: int) -> None:

@@ -209,7 +209,7 @@ def _serve(ctl, sandbox):
                     continue
                 reply = socket.socket(fileno=fds[0])
                 done_r, done_w = os.pipe()
-                passed = [*fds[1:4], done_w, *fds[4:]]
+                passed = [*fds[1:4], done_w, *fds[4:]]  # a prepared spare's hook gets them without done_w
                 pid, paths = None, ()
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
@@ -227,12 +227,17 @@ def _serve(ctl, sandbox):
                                 raise OSError("the spare entered namespaces of another shape")
                             if limits and not cgroups.limit(paths, *limits):
                                 raise OSError("cannot write the cgroup limits")
-                            if spare_shape is not None:  # resolved here, where the home is visible
-                                spec["kept"] = sandbox.kept_dirs(sandbox.SandboxSpec.from_dict(box))
+                            to_send = passed
+                            if spare_shape is not None:
+                                spec["kept"] = sandbox.kept_dirs(sandbox.SandboxSpec.from_dict(box))  # seen here
+                                to_send = [*fds[1:4], *fds[4:]]
                             raw = json.dumps(spec).encode()
                             sock.sendmsg([_HEADER.pack(len(raw))],
-                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
+                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", to_send))])
                             sock.sendall(raw)
+                            if spare_shape is not None:  # its keeper reports the hook's status on this socket
+                                os.close(done_r)  # (done_w is closed with the rest of `passed`)
+                                done_r = sock.detach()
                         except OSError:  # fork on demand instead
                             try:
                                 os.kill(pid, _SIGKILL)
@@ -357,19 +362,14 @@ def _take_stdio(stdio, extra):
 
 
 def _prepared_spare(sock, shape, zygote_pid, sandbox):
-    """A spare child entering its namespaces before its call (sandbox.pre_enter). Never returns in the spare (it
-    becomes the call's keeper); returns (spec, exec error fd or None) in the hook, its stdio taken and its sandbox
-    complete. A spare that cannot prepare exits: the call is then forked on demand."""
+    """A spare child entering its namespaces before its call (sandbox.pre_enter): it becomes the call's keeper, and
+    this returns (spec, exec error fd or None) in the hook's own process once the call arrived, its stdio taken and
+    its sandbox complete. A spare that cannot prepare exits: the call is then forked on demand."""
     os.setsid()
     try:
-        got = sandbox.pre_enter(shape, zygote_pid)
+        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call)
     except BaseException:  # noqa: BLE001
         os._exit(0)
-    if isinstance(got, sandbox.Prepared):
-        spec, fds = _await_call(sock)
-        sandbox.finish_enter(got, spec, fds[:3] + fds[4:], fds[3])
-        os._exit(126)  # finish_enter never returns
-    spec, fds = got  # the hook, forked by the prepared init
     exec_error = fds[3] if "argv" in spec else None
     _take_stdio(fds[:3], (exec_error,))
     try:
