@@ -234,14 +234,54 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
                 kept.append((path, fd))
             os.close(home_fd)
             _bind_back(lib, hide, kept)
-        _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+        if spec.read_only:  # (/sys is read-only already)
+            _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
         if spec.new_net:
-            _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            if call.get("netns") is not None:  # the plugin's own empty network namespace, kept by the zygote
+                netns = fds.pop(call["netns"])
+                _check(lib.setns(netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+                os.close(netns)
+            else:
+                _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
+
+
+def make_netns() -> int | None:
+    """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
+    and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
+    kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
+    sockets, for one, are per network namespace); a hook has no capability left to change it."""
+    lib = libc()
+    if lib is None:
+        return None
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = _fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            os.write(ready_w, b"1" if lib.unshare(CLONE_NEWNET) == 0 else b"0")
+            os.read(hold_r, 1)  # until the parent has opened it (or died)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(hold_r)
+    fd = None
+    try:
+        if os.read(ready_r, 1) == b"1":
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        _wait_for(pid)
+    return fd
 
 
 def _report_setup_failure(fds: list, message: str) -> None:

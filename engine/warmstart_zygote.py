@@ -38,6 +38,7 @@ _SIGINT = 2
 _SANDBOX_NAME = "librefang_sandbox"
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
+_MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
 
 
 def _stdlib_dirs():
@@ -95,6 +96,7 @@ def _serve(ctl, sandbox):
     spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None)
     shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
     leftover = []  # cgroups still busy when their call was reaped
+    netns = {}  # plugin directory -> descriptor of its empty network namespace (sandbox.make_netns), newest last
     cgroups = sandbox.cgroups if sandbox is not None else None
 
     def in_child():
@@ -108,6 +110,8 @@ def _serve(ctl, sandbox):
             os.close(pidfd)
         if spare is not None:
             spare[1].close()
+        for fd in netns.values():  # a prepared hook is handed its own plugin's
+            os.close(fd)
 
     def remove(paths):
         for path in paths:
@@ -210,7 +214,7 @@ def _serve(ctl, sandbox):
                 reply = socket.socket(fileno=fds[0])
                 done_r, done_w = os.pipe()
                 passed = [*fds[1:4], done_w, *fds[4:]]  # a prepared spare's hook gets them without done_w
-                pid, paths = None, ()
+                pid, paths, make_netns_for = None, (), None
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
                     spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
@@ -231,6 +235,14 @@ def _serve(ctl, sandbox):
                             if spare_shape is not None:
                                 spec["kept"] = sandbox.kept_dirs(sandbox.SandboxSpec.from_dict(box))  # seen here
                                 to_send = [*fds[1:4], *fds[4:]]
+                                if box.get("new_net") and not spare_shape[0]:  # not in a user namespace: see
+                                    plugin = box["cwd"]                       # sandbox.make_netns
+                                    if plugin in netns:
+                                        netns[plugin] = netns.pop(plugin)
+                                        spec["netns"] = len(to_send)
+                                        to_send = [*to_send, netns[plugin]]
+                                    else:
+                                        make_netns_for = plugin
                             raw = json.dumps(spec).encode()
                             sock.sendmsg([_HEADER.pack(len(raw))],
                                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", to_send))])
@@ -274,6 +286,12 @@ def _serve(ctl, sandbox):
                 sel.register(pidfd, selectors.EVENT_READ, "child")
                 sel.register(done_r, selectors.EVENT_READ, child)
                 _send(reply, {"pid": pid})
+                if make_netns_for is not None:  # for the plugin's next calls (this one made its own)
+                    fd = sandbox.make_netns()
+                    if fd is not None:
+                        netns[make_netns_for] = fd
+                        while len(netns) > _MAX_NETNS:
+                            os.close(netns.pop(next(iter(netns))))
             elif key.data == "child":
                 pidfd = key.fd
                 sel.unregister(pidfd)

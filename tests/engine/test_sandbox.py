@@ -309,6 +309,47 @@ def test_a_grandchild_holding_the_pipes_neither_delays_the_call_nor_survives_it(
     assert gone(marker)
 
 
+NETNS_PROBE = """
+import json, os, socket, sys
+sys.stdin.read()
+devices = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    s.connect(("127.0.0.1", 9))
+    s.send(b"x")
+    lo = "up"
+except OSError as exc:
+    lo = type(exc).__name__
+print(json.dumps({"netns": os.readlink("/proc/self/ns/net"), "devices": devices, "lo": lo}))
+"""
+
+
+def test_each_plugin_gets_an_empty_network_namespace_of_its_own(home, mode):
+    """A zygote keeps one empty network namespace per plugin for its hooks (engine/sandbox.py make_netns) instead of
+    one per call: never another plugin's, never the service's, loopback down."""
+    other = home / "plugins" / "other"
+    (other / "hooks").mkdir(parents=True, exist_ok=True)
+    (other / "hooks" / "net.py").write_text(NETNS_PROBE)
+    seen: dict[str, list[str]] = {"mine": [], "other": []}
+    for _ in range(3):
+        r = run_hook(call(home, NETNS_PROBE, allow_network=False))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["devices"] == ["lo"] and r.reply["lo"] != "up", r.reply
+        seen["mine"].append(r.reply["netns"])
+        r = run_hook(HookCall(plugin_dir=other, script="hooks/net.py", runtime=resolve_tag("python"), request={},
+                              timeout_secs=20, data_dir=home / "plugin_data" / "other", home_dir=home,
+                              allow_network=False))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["devices"] == ["lo"] and r.reply["lo"] != "up", r.reply
+        seen["other"].append(r.reply["netns"])
+    assert os.readlink("/proc/self/ns/net") not in seen["mine"] + seen["other"]
+    if mode != "worker-spawned" and sandbox.mode() == "root":
+        # Kept from the second call of each plugin on (the first made its own, since gone: inode numbers of
+        # namespaces that no longer exist are reused, so only the kept ones can be compared).
+        assert seen["mine"][1] == seen["mine"][2] and seen["other"][1] == seen["other"][2], seen
+        assert seen["mine"][1] != seen["other"][1], seen
+
+
 def test_a_hook_keeps_its_exit_status_and_signals(home, mode):
     r = run_hook(call(home, "import os, signal, sys\nsys.stdin.read()\nos.kill(os.getpid(), signal.SIGTERM)\n"))
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.signal == 15
