@@ -23,6 +23,10 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
   creates it with `Cgroups.create`; `enter` moves the hook in before anything else), or one the zygote's spare
   child joined ahead of its call (`Cgroups.prepare`, then `Cgroups.limit` when the call arrives).
 
+A zygote's spare child may also apply it in two steps, `pre_enter` ahead of its call and the rest when the call
+arrives (then the hook may enter its plugin's kept network namespace, `make_netns`, instead of a new one): same
+namespaces, same view, same limits, less on the call's path.
+
 Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
 rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.
 """

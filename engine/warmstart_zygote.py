@@ -10,6 +10,11 @@ environment, sys.argv, sys.path[0] and a fresh `__main__`, and runs the script. 
 then its exit status (the hook's, mirrored), on the reply socket. Single-threaded on purpose: fork() from a threaded
 process is unsafe.
 
+A spare child is forked ahead of each call, already in a cgroup of its own; once a call has shown the service's
+sandbox shape, the next spare also enters it ahead (sandbox.pre_enter: namespaces, covered home, init, the hook's
+process waiting for its call), so the call's path has no fork left. Run by engine/hook_spawner.py, the same loop
+execs any hook's program instead of running a python script (exec mode, cold hooks).
+
 No imports from the engine package (engine/sandbox.py is loaded by path), compatible with any CPython >= 3.9 on
 Linux.
 """
