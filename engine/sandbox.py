@@ -220,7 +220,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
         os._exit(SETUP_FAILED)
     hook_pid = _fork()
     if hook_pid:
-        _init(hook_pid, status_w)
+        _init(hook_pid, status_w, sock.fileno())
     os.close(status_w)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
@@ -436,9 +436,13 @@ def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
     _exit_like(status)
 
 
-def _init(hook_pid: int, status_w: int) -> None:
-    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns."""
-    _close_all_but(status_w)
+def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
+    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns.
+
+    With `report_fd` (the keeper's report channel to its zygote), init empties the namespace itself once the hook
+    has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
+    sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first)."""
+    _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     while True:
@@ -449,11 +453,34 @@ def _init(hook_pid: int, status_w: int) -> None:
         except ChildProcessError:
             os._exit(0)
         if pid == hook_pid:
+            report = status.to_bytes(4, "little", signed=True)
+            if report_fd is not None:
+                _empty_namespace()
+                try:
+                    os.write(report_fd, report)
+                except OSError:
+                    pass
             try:
-                os.write(status_w, status.to_bytes(4, "little", signed=True))
+                os.write(status_w, report)
             except OSError:
                 pass
             os._exit(0)  # the kernel now kills whatever the hook left in the namespace
+
+
+def _empty_namespace() -> None:
+    """In init: kill every other process of the namespace (kill(-1) reaches no process outside it) and reap them,
+    again until none is left (one forked meanwhile dies on the next round; orphans are reparented to init)."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
 
 
 def _wait_for(pid: int) -> int:
