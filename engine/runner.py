@@ -13,16 +13,21 @@ per-call cgroup with memory and process-count limits (defaults below). PR_SET_PD
 the thread that spawned it (the engine spawns from long-lived pool threads). Where namespaces are refused, every
 call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
 
-The preexec function costs a full fork() instead of CPython's vfork (its cost grows with the worker's memory); the
-warm path forks from a small zygote instead. See docs/compatibility.md for measured figures.
+Neither path forks the worker: python hooks fork from their zygote, every other hook is exec'd by the spawner
+(engine/hook_spawner.py, the zygote's loop in exec mode), and both keep a spare child that has already joined the
+call's cgroup (joining one is slow on cgroup v1, see bench/README.md). Only when neither is available (or with
+LIBREFANG_SPAWNER=0) does the worker spawn the hook itself, with `enter` as a preexec function: a full fork() of the
+worker instead of CPython's vfork.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -175,7 +180,9 @@ def filesystem_isolation_available() -> bool:
 
 
 def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
-    """The one description of what this call's hook gets (engine/sandbox.py applies it)."""
+    """The one description of what this call's hook gets (engine/sandbox.py applies it). The call's cgroup is
+    described by its limits (`cgroup_limits`: the zygote or spawner prepares it); `cgroup_dirs` is one the worker
+    made itself, for a hook it spawns."""
     mode = sandbox.mode()
     home = os.path.realpath(call.home_dir or Home.from_env().root)
     own_dirs = [d for d in (call.plugin_dir, call.data_dir) if d is not None]
@@ -185,8 +192,9 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         rlimits.append(("RLIMIT_AS", mem, mem))
     if call.max_cpu_secs:
         rlimits.append(("RLIMIT_CPU", call.max_cpu_secs, call.max_cpu_secs + 1))
-    if mode == "userns" and not _pids_dirs(cgroup_dirs):
-        # Inside a user namespace RLIMIT_NPROC counts the hook's own processes (Linux >= 5.14), init included.
+    if mode == "userns":
+        # Inside a user namespace RLIMIT_NPROC counts the hook's own processes (Linux >= 5.14), init included: the
+        # process cap holds even where the call's pids cgroup could not be made.
         n = (call.max_processes or DEFAULT_MAX_PROCESSES) + 1
         rlimits.append(("RLIMIT_NPROC", n, n))
     return sandbox.SandboxSpec(
@@ -201,13 +209,10 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         read_only=not call.allow_filesystem and mode is not None,
         writable=tuple(_path_in_home(call.data_dir) for _ in [0] if call.data_dir is not None),
         cgroups=cgroup_dirs,
+        cgroup_limits=_cgroup_limits(call) if sandbox.cgroups.available() else (),
         uid=os.getuid(),
         gid=os.getgid(),
     )
-
-
-def _pids_dirs(dirs: tuple[str, ...]) -> list[str]:
-    return [d for d in dirs if os.path.exists(os.path.join(d, "pids.max"))]
 
 
 def _path_in_home(path: Path) -> str:
@@ -216,10 +221,11 @@ def _path_in_home(path: Path) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
 
 
-def _limits_cgroup(call: HookCall) -> tuple[str, ...]:
+def _cgroup_limits(call: HookCall) -> tuple[int, int]:
+    """(memory bytes, pids) of the call's cgroup."""
     extra = _SANDBOX_OWN_PROCESSES if sandbox.mode() is not None else 0
-    return sandbox.cgroups.create((call.max_memory_mb or DEFAULT_MAX_MEMORY_MB) * 1024 * 1024,
-                                  (call.max_processes or DEFAULT_MAX_PROCESSES) + extra)
+    return ((call.max_memory_mb or DEFAULT_MAX_MEMORY_MB) * 1024 * 1024,
+            (call.max_processes or DEFAULT_MAX_PROCESSES) + extra)
 
 
 class _EnterSandbox:
@@ -278,15 +284,11 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
         payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
     except (TypeError, ValueError) as exc:
         return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
-    cgroup_dirs = _limits_cgroup(call)
-    try:
-        spec = sandbox_spec(call, build_env(call), cgroup_dirs)
-        result = _spawn_and_talk(call, argv, spec, payload, started, on_stderr)
-        if cgroup_dirs and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs):
-            result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
-                                      f"the hook's cgroup); {result.failure.message}")
-    finally:
-        sandbox.cgroups.release(cgroup_dirs)
+    spec = sandbox_spec(call, build_env(call))
+    result, oom_killed = _spawn_and_talk(call, argv, spec, payload, started, on_stderr)
+    if oom_killed and result.failure is not None:
+        result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
+                                  f"the hook's cgroup); {result.failure.message}")
     _label_limits(result, call)
     reasons = sandbox.degraded_reasons()
     if reasons:
@@ -295,38 +297,68 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
 
 
 def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
-                    on_stderr: StderrCallback | None) -> HookResult:
-    def fail(kind: str, message: str) -> HookResult:
-        return HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000)
+                    on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
+    """The hook's result, and whether its cgroup's memory limit killed something."""
+    def fail(kind: str, message: str) -> tuple[HookResult, bool]:
+        return HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000), False
 
     if warmstart.applies(call, argv):
         warm = warmstart.spawn(argv, spec)
         if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
-            return _communicate(warm, payload, call.timeout_secs, started, on_stderr)  # type: ignore[arg-type]
+            return _communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
     problem = _check_executable(argv[0])
     if problem is not None:
         return fail(*problem)
+    program = _resolve_program(argv[0], spec)
+    if program is not None:
+        try:
+            proc = warmstart.spawn_exec([program, *argv[1:]], spec)
+        except OSError as exc:
+            return fail(*_exec_failure(argv[0], exc))
+        if proc is not None:
+            return _communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
+    cgroup_dirs = sandbox.cgroups.create(*spec.cgroup_limits) if spec.cgroup_limits else ()
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=spec.cwd,
-            env=spec.env,
-            start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
-            close_fds=True,
-            preexec_fn=_EnterSandbox(spec),
-        )
-    except subprocess.SubprocessError as exc:
-        return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
-    except FileNotFoundError as exc:
-        return fail(P.LAUNCHER_NOT_FOUND, f"cannot execute {argv[0]!r}: {exc.strerror}")
-    except PermissionError as exc:
-        return fail(P.SPAWN_FAILED, f"cannot execute {argv[0]!r}: {exc.strerror} (is the exec bit set?)")
-    except OSError as exc:
-        return fail(P.SPAWN_FAILED, f"cannot start hook: {exc}")
-    return _communicate(proc, payload, call.timeout_secs, started, on_stderr)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=spec.cwd,
+                env=spec.env,
+                start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
+                close_fds=True,
+                preexec_fn=_EnterSandbox(dataclasses.replace(spec, cgroups=cgroup_dirs)),
+            )
+        except subprocess.SubprocessError as exc:
+            return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
+        except OSError as exc:
+            return fail(*_exec_failure(argv[0], exc))
+        result = _communicate(popen, payload, call.timeout_secs, started, on_stderr)
+        return result, bool(cgroup_dirs) and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs)
+    finally:
+        sandbox.cgroups.release(cgroup_dirs)
+
+
+def _resolve_program(program: str, spec: sandbox.SandboxSpec) -> str | None:
+    """The absolute path exec will run (as subprocess looks it up: PATH of the hook's environment, or relative to
+    its cwd), for the spawner; None when there is none, and the worker's own spawn reports why."""
+    if os.path.isabs(program):
+        return program
+    if os.sep in program:
+        found = os.path.join(spec.cwd, program)
+        return found if os.path.isfile(found) and os.access(found, os.X_OK) else None
+    found = shutil.which(program, path=spec.env.get("PATH", os.defpath))
+    return os.path.abspath(found) if found else None
+
+
+def _exec_failure(program: str, exc: OSError) -> tuple[str, str]:
+    if isinstance(exc, FileNotFoundError):
+        return P.LAUNCHER_NOT_FOUND, f"cannot execute {program!r}: {exc.strerror}"
+    if isinstance(exc, PermissionError):
+        return P.SPAWN_FAILED, f"cannot execute {program!r}: {exc.strerror} (is the exec bit set?)"
+    return P.SPAWN_FAILED, f"cannot start hook: {exc}"
 
 
 _OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory", "Out of memory", "bad_alloc",

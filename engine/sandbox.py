@@ -1,9 +1,10 @@
 """What a hook gets, described once (`SandboxSpec`), and the one function that applies it in the child (`enter`).
 
-Both spawn paths apply the same description: the cold path calls `enter` in the forked child right before exec
-(engine/runner.py), the warm-start zygote calls it in its forked child right before running the script
-(engine/warmstart_zygote.py receives the spec as JSON and loads this file by path). So this module is stdlib only,
-imports nothing from the engine and runs on any CPython >= 3.9.
+Every spawn path applies the same description: the warm-start zygote calls `enter` in its forked child right before
+running the script, the cold-hook spawner right before exec'ing the hook (engine/warmstart_zygote.py and
+engine/hook_spawner.py receive the spec as JSON and load this file by path), and the worker itself, as a preexec
+function, when neither is available (engine/runner.py). So this module is stdlib only, imports nothing from the
+engine and runs on any CPython >= 3.9.
 
 Where the OS allows namespaces (root, or an unprivileged user namespace), `enter` gives every hook:
 - its own PID namespace with a fresh /proc: it sees no service process. The child that called `enter` stays outside
@@ -19,7 +20,12 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
 - no capabilities and no_new_privs (root hooks cannot undo the mounts; a user namespace's powers end at exec anyway).
 - rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
   processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
-  creates it with `Cgroups.create`; `enter` moves the hook in before anything else).
+  creates it with `Cgroups.create`; `enter` moves the hook in before anything else), or one the zygote's spare
+  child joined ahead of its call (`Cgroups.prepare`, then `Cgroups.limit` when the call arrives).
+
+A zygote's spare child may also apply it in two steps, `pre_enter` ahead of its call and the rest when the call
+arrives (then the hook may enter its plugin's kept network namespace, `make_netns`, instead of a new one): same
+namespaces, same view, same limits, less on the call's path.
 
 Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
 rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.
@@ -71,6 +77,7 @@ class SandboxSpec:
     read_only: bool = False  # allow_filesystem = false: every mount read-only ...
     writable: tuple = ()  # ... except these directories
     cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
+    cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
     gid: int = 0
 
@@ -79,7 +86,7 @@ class SandboxSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups"}
+        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 
@@ -118,10 +125,14 @@ def _mount(lib, source, target, fstype, flags, data=None) -> None:
 
 # ---- in the child ---------------------------------------------------------------------------------------------
 
-def enter(spec: SandboxSpec, parent_pid: int) -> None:
+def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> None:
     """Apply `spec` in a freshly forked child whose parent is `parent_pid`. Returns in the process that must become
     the hook (exec it, or run the script); never returns in the keeper or init. Raises SetupError when something
-    cannot be applied: the caller must then exit without running the hook."""
+    cannot be applied: the caller must then exit without running the hook.
+
+    `done_fd` (a pipe to the spawner): the keeper writes the hook's 4-byte wait status there as soon as the namespace
+    is empty, before its own exit tears the namespaces down, so the spawner can answer early. The hook never holds
+    it."""
     lib = libc()
     if lib is not None:
         lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -138,16 +149,164 @@ def enter(spec: SandboxSpec, parent_pid: int) -> None:
         if spec.user_ns:
             _map_ids(spec.uid, spec.gid)
         _build_view(lib, spec)
-        _split_keeper_init_hook(lib)  # returns in the hook only
+        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")
         _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
+    if done_fd is not None and not spec.isolate:
+        os.close(done_fd)  # the hook must not be able to report a status of its own (closed above when isolated)
+    _enter_last(lib, spec)
+
+
+def _enter_last(lib, spec: SandboxSpec) -> None:
+    """What the hook's own process applies last, whichever way it got its namespaces."""
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if lib is not None:
         _drop_privileges(lib)
     os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
+
+
+# ---- the same, in two steps: a spare child enters the namespaces before its call ---------------------------------
+
+def shape_of(spec: SandboxSpec) -> tuple | None:
+    """What `pre_enter` prepares ahead of a call: the same for every call of one service, so a spare child prepared
+    for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    if not spec.isolate:
+        return None
+    return spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide)
+
+
+def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
+    """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
+    not depend on the call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys
+    read-only, init forked with a fresh /proc, and the hook's own process (pid 2) forked too. The spare becomes the
+    keeper at once, init waits for the hook, and the hook waits for its call on `sock` (`await_call(sock)` ->
+    (call, fds), the spare's socket to its zygote): then it binds its own directories back, makes the view read-only
+    if asked and enters an empty network namespace, and this function returns (call, fds) in it (the rest is
+    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
+
+    The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
+    code runs. Raises SetupError in the spare only (nothing forked yet)."""
+    user_ns, uid, gid, hide, home_exists = shape
+    lib = libc()
+    if lib is None:
+        raise SetupError("no libc")
+    lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(137)
+    _check(lib.unshare(CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    if user_ns:
+        _map_ids(uid, gid)
+    _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
+    home_fd = None
+    if home_exists:
+        # The home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here
+        # (a bind's source must be a mount of the caller's own namespace, so not a descriptor opened outside).
+        home_fd = os.open(hide, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        _mount(lib, "tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    _read_only_mounts(lib, False, (), sys_only=True)
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r, sock.fileno())
+    os.close(status_r)
+    try:
+        _become_init(lib, status_w)
+    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
+        os._exit(SETUP_FAILED)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w, sock.fileno())
+    os.close(status_w)
+    call, fds = await_call(sock)  # exits quietly if the spare is dropped first
+    try:  # the call's part of the view
+        spec = SandboxSpec.from_dict(call["sandbox"])
+        if home_fd is None and spec.hide and os.path.isdir(spec.hide):
+            raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
+        if home_fd is not None:
+            kept = []
+            for path, real in call.pop("kept", []):
+                if _under(real, hide):  # reached through the covered home, as `enter` opens it before covering
+                    fd = os.open(os.path.relpath(real, hide), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                                 dir_fd=home_fd)
+                else:  # a linked plugin directory outside the home
+                    fd = os.open(real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                kept.append((path, fd))
+            os.close(home_fd)
+            _bind_back(lib, hide, kept)
+        if spec.read_only:  # (/sys is read-only already)
+            _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+        if spec.new_net:
+            if call.get("netns") is not None:  # the plugin's own empty network namespace, kept by the zygote
+                netns = fds.pop(call["netns"])
+                _check(lib.setns(netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+                os.close(netns)
+            else:
+                _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
+        _report_setup_failure(fds, str(exc))
+        os._exit(SETUP_FAILED)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    return call, fds
+
+
+def make_netns() -> int | None:
+    """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
+    and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
+    kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
+    sockets, for one, are per network namespace); a hook has no capability left to change it."""
+    lib = libc()
+    if lib is None:
+        return None
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = _fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            os.write(ready_w, b"1" if lib.unshare(CLONE_NEWNET) == 0 else b"0")
+            os.read(hold_r, 1)  # until the parent has opened it (or died)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(hold_r)
+    fd = None
+    try:
+        if os.read(ready_r, 1) == b"1":
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        _wait_for(pid)
+    return fd
+
+
+def _report_setup_failure(fds: list, message: str) -> None:
+    if len(fds) > 2:
+        try:
+            os.write(fds[2], f"sandbox setup failed in the child: {message}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+def kept_dirs(spec: SandboxSpec) -> list:
+    """[path, real path] of the directories a prepared init binds back into the covered home: what `open_kept`
+    would open, resolved where the home is still visible."""
+    if not (spec.hide and os.path.isdir(spec.hide)):
+        return []
+    return [[path, os.path.realpath(path)] for path in spec.keep if _under(path, spec.hide) and os.path.isdir(path)]
+
+
+def enter_hook(call: dict) -> None:
+    """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
+    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -156,28 +315,44 @@ def _map_ids(uid: int, gid: int) -> None:
             fh.write(text)
 
 
+def open_kept(spec: SandboxSpec) -> list:
+    """(path, O_PATH descriptor) of the directories bound back into the covered home, opened while the home is
+    still visible."""
+    if not (spec.hide and os.path.isdir(spec.hide)):
+        return []
+    return [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            for path in spec.keep if _under(path, spec.hide) and os.path.isdir(path)]
+
+
 def _build_view(lib, spec: SandboxSpec) -> None:
     _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
     if spec.hide and os.path.isdir(spec.hide):
-        kept = []
-        for path in spec.keep:  # held open across the tmpfs, then bound back from the descriptor
-            if _under(path, spec.hide) and os.path.isdir(path):
-                kept.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
+        kept = open_kept(spec)  # held open across the tmpfs, then bound back from the descriptor
         _mount(lib, "tmpfs", spec.hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-        for path, fd in kept:
-            os.makedirs(path, exist_ok=True)
-            _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            os.close(fd)
-        _mount(lib, None, spec.hide, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    if spec.read_only:
-        for path in spec.writable:  # own mounts, so that they stay writable when everything else is not
+        _bind_back(lib, spec.hide, kept)
+    _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+
+
+def _bind_back(lib, hide: str, kept: list) -> None:
+    """Bind the kept directories into the tmpfs covering `hide`, then make that tmpfs read-only."""
+    for path, fd in kept:
+        os.makedirs(path, exist_ok=True)
+        _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    _mount(lib, None, hide, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _read_only_mounts(lib, read_only: bool, writable: tuple, sys_only: bool) -> None:
+    """/sys read-only; with `read_only` every other mount too, except the `writable` directories."""
+    if read_only and not sys_only:
+        for path in writable:  # own mounts, so that they stay writable when everything else is not
             if os.path.isdir(path):
                 _mount(lib, path, path, None, MS_BIND | MS_REC)
     for mountpoint, options in _mounts():
         if _under(mountpoint, "/proc") or _under(mountpoint, "/dev"):
             continue
         if not _under(mountpoint, "/sys"):
-            if not spec.read_only or any(_under(mountpoint, w) for w in spec.writable):
+            if sys_only or not read_only or any(_under(mountpoint, w) for w in writable):
                 continue
         if "ro" in options:
             continue
@@ -188,7 +363,7 @@ def _build_view(lib, spec: SandboxSpec) -> None:
             _check(rc, f"read-only {mountpoint}")
 
 
-def _split_keeper_init_hook(lib) -> None:
+def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
     """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
@@ -197,8 +372,20 @@ def _split_keeper_init_hook(lib) -> None:
     init_pid = _fork()
     if init_pid:
         os.close(status_w)
-        _keep(init_pid, status_r)
+        _keep(init_pid, status_r, done_fd)
     os.close(status_r)
+    _become_init(lib, status_w)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    if done_fd is not None:
+        os.close(done_fd)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
+
+
+def _become_init(lib, status_w: int) -> None:
+    """In init, before it forks the hook: tied to the keeper, and a fresh /proc of its namespace."""
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     poller = select.poll()
     poller.register(status_w, select.POLLOUT)
@@ -214,11 +401,6 @@ def _split_keeper_init_hook(lib) -> None:
         _mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
         lib.mount(None, b"/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   None)
-    hook_pid = _fork()
-    if hook_pid:
-        _init(hook_pid, status_w)
-    os.close(status_w)
-    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
 
 
 def _fork() -> int:
@@ -227,14 +409,17 @@ def _fork() -> int:
         return os.fork()
 
 
-def _close_all_but(keep: int) -> None:
-    os.closerange(0, keep)
-    os.closerange(keep + 1, 1 << 20)
+def _close_all_but(*keep: int | None) -> None:
+    low = 0
+    for fd in sorted(k for k in keep if k is not None):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
-def _keep(init_pid: int, status_r: int) -> None:
+def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
     """The keeper: holds no pipe of the hook, waits for init, then exits the way the hook did. Never returns."""
-    _close_all_but(status_r)
+    _close_all_but(status_r, done_fd)
     status = _wait_for(init_pid)
     os.set_blocking(status_r, False)
     try:
@@ -243,12 +428,21 @@ def _keep(init_pid: int, status_r: int) -> None:
         data = b""
     if len(data) >= 4:
         status = int.from_bytes(data[:4], "little", signed=True)  # the hook's own wait status, reported by init
+    if done_fd is not None:  # init is gone, and with it every process of the namespace: the call is over
+        try:
+            os.write(done_fd, status.to_bytes(4, "little", signed=True))
+        except OSError:
+            pass
     _exit_like(status)
 
 
-def _init(hook_pid: int, status_w: int) -> None:
-    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns."""
-    _close_all_but(status_w)
+def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
+    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns.
+
+    With `report_fd` (the keeper's report channel to its zygote), init empties the namespace itself once the hook
+    has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
+    sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first)."""
+    _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     while True:
@@ -259,11 +453,34 @@ def _init(hook_pid: int, status_w: int) -> None:
         except ChildProcessError:
             os._exit(0)
         if pid == hook_pid:
+            report = status.to_bytes(4, "little", signed=True)
+            if report_fd is not None:
+                _empty_namespace()
+                try:
+                    os.write(report_fd, report)
+                except OSError:
+                    pass
             try:
-                os.write(status_w, status.to_bytes(4, "little", signed=True))
+                os.write(status_w, report)
             except OSError:
                 pass
             os._exit(0)  # the kernel now kills whatever the hook left in the namespace
+
+
+def _empty_namespace() -> None:
+    """In init: kill every other process of the namespace (kill(-1) reaches no process outside it) and reap them,
+    again until none is left (one forked meanwhile dies on the next round; orphans are reparented to init)."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
 
 
 def _wait_for(pid: int) -> int:
@@ -458,28 +675,49 @@ class Cgroups:
 
     def create(self, memory_bytes: int | None, pids: int | None) -> tuple:
         """Directories of a fresh cgroup (one per hierarchy) with these limits; () where none can be made."""
-        wanted = {"memory": memory_bytes, "pids": pids}
+        made = self.prepare(c for c, limit in (("memory", memory_bytes), ("pids", pids)) if limit)
+        if made and not self.limit(made, memory_bytes, pids):
+            self.release(made)
+            return ()
+        return made
+
+    def prepare(self, controllers=("memory", "pids")) -> tuple:
+        """Directories of a fresh cgroup without limits yet (a spawner's spare child joins it ahead of its call:
+        joining a cgroup v1 hierarchy waits for an RCU grace period, up to ~12 ms on an idle machine)."""
         bases = self._found()
         with self._lock:
             self._retry_pending()
             self._count += 1
             name = f"librefang-hook-{os.getpid()}-{self._count}"
-        made: dict = {}
+        made: list = []
         try:
-            for controller, limit in wanted.items():
+            for controller in controllers:
+                if controller in bases:
+                    path = os.path.join(bases[controller][1], name)
+                    if path not in made:
+                        os.mkdir(path)
+                        made.append(path)
+        except OSError:
+            self.release(tuple(made))
+            return ()
+        return tuple(made)
+
+    def limit(self, paths: tuple, memory_bytes: int | None, pids: int | None) -> bool:
+        """Write the limits into a cgroup made by `prepare`; False if one could not be written."""
+        bases = self._found()
+        try:
+            for controller, limit in (("memory", memory_bytes), ("pids", pids)):
                 if not limit or controller not in bases:
                     continue
                 version, base = bases[controller]
-                path = os.path.join(base, name)
-                if path not in made.values():
-                    os.mkdir(path)
-                    made[controller] = path
+                path = next((p for p in paths if os.path.dirname(p) == base), None)
+                if path is None:
+                    return False
                 with open(os.path.join(path, self._FILES[controller][version]), "w") as fh:
                     fh.write(str(limit))
         except OSError:
-            self.release(tuple(made.values()))
-            return ()
-        return tuple(dict.fromkeys(made.values()))
+            return False
+        return True
 
     def oom_killed(self, paths: tuple) -> bool:
         """Whether the kernel killed a process of this call for exceeding its memory limit."""

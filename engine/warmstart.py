@@ -10,7 +10,9 @@ same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by 
 
 When it does not apply (another runtime, a custom launcher, `[hooks] warm_start = false`,
 `LIBREFANG_WARM_START=0`) or the zygote is unavailable (it failed to start or died: it is restarted for later calls),
-`spawn()` returns None and the runner spawns the hook normally.
+`spawn()` returns None and the runner spawns the hook cold: `spawn_exec()` hands it to the spawner
+(engine/hook_spawner.py: the zygote's loop in exec mode, one per worker, run by the worker's own interpreter), which
+execs it inside the same sandbox; only when that is unavailable too (or LIBREFANG_SPAWNER=0) does the worker spawn it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 log = logging.getLogger("librefang.warmstart")
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("warmstart_zygote.py")
+SPAWNER_SCRIPT = Path(__file__).with_name("hook_spawner.py")  # the same loop, exec'ing any hook (cold hooks)
 SANDBOX_MODULE = Path(__file__).with_name("sandbox.py")  # loaded by path in the zygote (stdlib only)
 MAX_ZYGOTES = 8  # distinct (interpreter, start-up env) pairs kept warm; the least recently used one is stopped
 READY_TIMEOUT_SECS = 15.0
@@ -82,6 +85,7 @@ class WarmProcess:
         self.pid = pid
         self.returncode: int | None = None
         self.zygote_lost = False
+        self.oom_killed = False  # the kernel killed a process of the call's cgroup for its memory limit
         self._reply = reply
         self._buf = buf
         self.stdin = open(stdin, "wb", buffering=0)  # noqa: SIM115 - closed by the runner
@@ -148,6 +152,7 @@ class WarmProcess:
             line, _, self._buf = self._buf.partition(b"\n")
             msg = json.loads(line)
             if "rc" in msg:
+                self.oom_killed = bool(msg.get("oom"))
                 self._finish(int(msg["rc"]))
 
     def _finish(self, rc: int) -> None:
@@ -160,8 +165,9 @@ class WarmProcess:
 class Zygote:
     """The worker's handle on one zygote process."""
 
-    def __init__(self, launcher: str, env: Mapping[str, str]):
+    def __init__(self, launcher: str, env: Mapping[str, str], script: Path = ZYGOTE_SCRIPT):
         self.launcher = launcher
+        self.script = script
         self.env = dict(env)
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
@@ -174,7 +180,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [self.launcher, str(ZYGOTE_SCRIPT), str(theirs.fileno()), str(SANDBOX_MODULE)],
+                [self.launcher, str(self.script), str(theirs.fileno()), str(SANDBOX_MODULE)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=(theirs.fileno(),), env=self.env, cwd="/", start_new_session=True, close_fds=True,
             )
@@ -231,17 +237,20 @@ class Zygote:
             self.proc.wait()
         self.stop()
 
-    def fork(self, script: str, sandbox: Any) -> WarmProcess | None:
-        """Fork `script` with `sandbox` (an engine.sandbox.SandboxSpec) applied in the child."""
-        spec = json.dumps({"script": script, "launcher": self.launcher,
-                           "sandbox": json.loads(sandbox.to_json())}).encode()
+    def fork(self, script: str, sandbox: Any, argv: Sequence[str] | None = None) -> WarmProcess | None:
+        """Fork `script` with `sandbox` (an engine.sandbox.SandboxSpec) applied in the child; a spawner (exec mode)
+        execs `argv` instead. Raises OSError when that exec failed (as subprocess.Popen does)."""
+        call = {"sandbox": json.loads(sandbox.to_json())}
+        call.update({"argv": list(argv)} if argv is not None else {"script": script, "launcher": self.launcher})
+        spec = json.dumps(call).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         mine = [in_w, out_r, err_r]
+        exec_r, exec_w = os.pipe() if argv is not None else (None, None)
         try:
-            fds = array.array("i", [theirs.fileno(), in_r, out_w, err_w])
+            fds = array.array("i", [theirs.fileno(), in_r, out_w, err_w] + ([exec_w] if exec_w is not None else []))
             with self.lock:
                 if self.ctl is None:
                     raise ConnectionError("zygote stopped")
@@ -254,8 +263,9 @@ class Zygote:
             return None
         finally:
             theirs.close()
-            for fd in (in_r, out_w, err_w):
-                os.close(fd)
+            for fd in (in_r, out_w, err_w, exec_w):
+                if fd is not None:
+                    os.close(fd)
         try:
             ours.settimeout(PID_TIMEOUT_SECS)
             ours.sendall(spec)
@@ -275,15 +285,46 @@ class Zygote:
             if not isinstance(exc, ValueError) and "refused" not in str(exc):
                 self.broken = True
             ours.close()
-            for fd in mine:
+            for fd in mine + ([exec_r] if exec_r is not None else []):
                 os.close(fd)
             return None
         self.calls += 1
-        return WarmProcess([self.launcher, script], int(msg["pid"]), ours, rest, in_w, out_r, err_r)
+        proc = WarmProcess(list(argv) if argv is not None else [self.launcher, script], int(msg["pid"]), ours, rest,
+                           in_w, out_r, err_r)
+        if exec_r is not None:
+            _raise_exec_error(proc, exec_r)
+        return proc
 
 
 class ZygoteUnavailable(Exception):
     pass
+
+
+def _raise_exec_error(proc: WarmProcess, exec_r: int) -> None:
+    """Wait until the spawner's child has exec'd (the pipe closes on exec) or failed to (it writes the errno)."""
+    data = b""
+    try:
+        poller = select.poll()
+        poller.register(exec_r, select.POLLIN)
+        end = time.monotonic() + PID_TIMEOUT_SECS
+        while time.monotonic() < end:
+            if not poller.poll(math.ceil((end - time.monotonic()) * 1000)):
+                continue
+            chunk = os.read(exec_r, 64)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(exec_r)
+    if data:
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            f.close()
+        try:
+            proc.wait(timeout=PID_TIMEOUT_SECS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        code = int(data) if data.isdigit() else 0
+        raise OSError(code, os.strerror(code))  # FileNotFoundError, PermissionError ... as Popen raises them
 
 
 def _drain(proc: subprocess.Popen) -> None:
@@ -294,52 +335,66 @@ def _drain(proc: subprocess.Popen) -> None:
 
 _lock = threading.Lock()
 _zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
+_spawners: dict[tuple, Zygote] = {}  # one per launcher running engine/hook_spawner.py (in practice: one)
 _key_locks: dict[tuple, threading.Lock] = {}
 _failed_until: dict[tuple, float] = {}
 
 
-def _get(launcher: str, env: Mapping[str, str]) -> Zygote | None:
-    boot = startup_env(env)
-    key = (launcher, tuple(sorted(boot.items())))
+def _get(launcher: str, env: Mapping[str, str], script: Path = ZYGOTE_SCRIPT) -> Zygote | None:
+    spawner = script == SPAWNER_SCRIPT
+    boot = {} if spawner else startup_env(env)
+    registry: dict = _spawners if spawner else _zygotes
+    key = (str(script), launcher, tuple(sorted(boot.items())))
     with _lock:
-        z = _zygotes.get(key)
+        z = registry.get(key)
         if z is not None and z.alive():
-            _zygotes.move_to_end(key)
+            if not spawner:
+                _zygotes.move_to_end(key)
             return z
         if _failed_until.get(key, 0) > time.monotonic():
             return None
         key_lock = _key_locks.setdefault(key, threading.Lock())
     with key_lock:
         with _lock:
-            z = _zygotes.get(key)
+            z = registry.get(key)
             if z is not None and z.alive():
                 return z
         if z is not None:
-            log.warning("warm start: zygote %s for %s died; restarting it", z.pid, launcher)
+            log.warning("warm start: %s %s for %s died; restarting it", script.name, z.pid, launcher)
             z.stop()
-        z = Zygote(launcher, boot)
+        z = Zygote(launcher, boot, script)
         try:
             z.start()
         except (OSError, ZygoteUnavailable) as exc:
-            log.warning("warm start unavailable for %s: %s (hooks spawn normally)", launcher, exc)
+            log.warning("%s unavailable for %s: %s (hooks spawn from the worker)", script.name, launcher, exc)
             with _lock:
                 _failed_until[key] = time.monotonic() + RETRY_AFTER_FAILURE_SECS
-                _zygotes.pop(key, None)
+                registry.pop(key, None)
             return None
         evicted = []
         with _lock:
-            _zygotes[key] = z
-            _zygotes.move_to_end(key)
-            while len(_zygotes) > MAX_ZYGOTES:
-                evicted.append(_zygotes.popitem(last=False)[1])
+            registry[key] = z
+            if not spawner:
+                _zygotes.move_to_end(key)
+                while len(_zygotes) > MAX_ZYGOTES:
+                    evicted.append(_zygotes.popitem(last=False)[1])
     for old in evicted:
         old.retire()
     return z
 
 
+def spawner_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Cold hooks are exec'd by the spawner unless LIBREFANG_SPAWNER=0 (then the worker forks them itself)."""
+    value = (os.environ if environ is None else environ).get("LIBREFANG_SPAWNER", "1").strip().lower()
+    return value not in ("0", "false", "no", "off") and sys.platform.startswith("linux") and bool(sys.executable)
+
+
 def ensure(launcher: str, env: Mapping[str, str]) -> bool:
-    """Start the zygote for `launcher` with the start-up part of `env` now (prewarm), so the next call does not
-    pay for it. True when one is running."""
+    """Start the zygote for `launcher` with the start-up part of `env` now (prewarm), and the cold-hook spawner,
+    so that the next call pays for neither (each keeps a spare child in a cgroup of its own). True when the zygote
+    is running."""
+    if spawner_enabled():
+        _get(sys.executable, {}, SPAWNER_SCRIPT)
     return _get(launcher, env) is not None
 
 
@@ -355,16 +410,38 @@ def spawn(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
     return proc
 
 
+def spawn_exec(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
+    """Exec `argv` (argv[0] an absolute path) from the spawner, inside `sandbox`; None means: the spawner is
+    unavailable, spawn it from the worker. Raises OSError when the exec itself failed."""
+    if not spawner_enabled():
+        return None
+    z = _get(sys.executable, {}, SPAWNER_SCRIPT)
+    if z is None:
+        return None
+    proc = z.fork("", sandbox, argv)
+    if proc is None and not z.alive():
+        z.stop()
+    return proc
+
+
 def zygote_pids() -> list[int]:
+    """The python zygotes (not the spawner)."""
     with _lock:
         return [z.pid for z in _zygotes.values() if z.alive() and z.pid]
 
 
-def shutdown() -> None:
-    """Stop every zygote (worker exit, tests)."""
+def helper_pids() -> list[int]:
+    """Every process this module started to fork hooks from: zygotes and the spawner (their CPU is the hooks')."""
     with _lock:
-        zs = list(_zygotes.values())
+        return [z.pid for z in [*_zygotes.values(), *_spawners.values()] if z.alive() and z.pid]
+
+
+def shutdown() -> None:
+    """Stop every zygote and the spawner (worker exit, tests)."""
+    with _lock:
+        zs = [*_zygotes.values(), *_spawners.values()]
         _zygotes.clear()
+        _spawners.clear()
         _failed_until.clear()
     for z in zs:
         z.stop()

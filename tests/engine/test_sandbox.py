@@ -47,12 +47,42 @@ def home(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture(params=["warm", "cold"])
-def mode(request, monkeypatch):
+@pytest.fixture(params=["warm", "cold", "worker-spawned"])
+def mode(request, monkeypatch, home):
+    """warm: forked from the zygote; cold: exec'd by the spawner; worker-spawned: the fallback when the spawner is
+    unavailable (Popen from the worker, `sandbox.enter` as its preexec function).
+
+    A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
+    (engine/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
+    (the first call of a helper takes the plain path, `enter`, which test_a_helpers_first_call_is_contained_too
+    covers)."""
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
+    monkeypatch.setenv("LIBREFANG_SPAWNER", "0" if request.param == "worker-spawned" else "1")
     warmstart.shutdown()
+    primer = home / "plugins" / "primer"
+    (primer / "hooks").mkdir(parents=True, exist_ok=True)
+    (primer / "hooks" / "hook.py").write_text("import sys\nsys.stdin.read()\nprint('{}')\n")
+    primed = run_hook(HookCall(plugin_dir=primer, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+                               timeout_secs=20, data_dir=home / "plugin_data" / "primer", home_dir=home))
+    assert primed.ok, (primed.failure, primed.stderr)
+    shutil.rmtree(primer)
+    shutil.rmtree(home / "plugin_data" / "primer", ignore_errors=True)
     yield request.param
     warmstart.shutdown()
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_helpers_first_call_is_contained_too(home, warm, monkeypatch):
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if warm else "0")
+    warmstart.shutdown()
+    try:
+        r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
+        assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
+        assert r.reply["kept"] == "mine" and r.reply["state"] == '{"n": 1}'
+    finally:
+        warmstart.shutdown()
 
 
 def call(home: Path, source: str, runtime: str = "python", request=None, **kw) -> HookCall:
@@ -279,6 +309,47 @@ def test_a_grandchild_holding_the_pipes_neither_delays_the_call_nor_survives_it(
     assert gone(marker)
 
 
+NETNS_PROBE = """
+import json, os, socket, sys
+sys.stdin.read()
+devices = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    s.connect(("127.0.0.1", 9))
+    s.send(b"x")
+    lo = "up"
+except OSError as exc:
+    lo = type(exc).__name__
+print(json.dumps({"netns": os.readlink("/proc/self/ns/net"), "devices": devices, "lo": lo}))
+"""
+
+
+def test_each_plugin_gets_an_empty_network_namespace_of_its_own(home, mode):
+    """A zygote keeps one empty network namespace per plugin for its hooks (engine/sandbox.py make_netns) instead of
+    one per call: never another plugin's, never the service's, loopback down."""
+    other = home / "plugins" / "other"
+    (other / "hooks").mkdir(parents=True, exist_ok=True)
+    (other / "hooks" / "net.py").write_text(NETNS_PROBE)
+    seen: dict[str, list[str]] = {"mine": [], "other": []}
+    for _ in range(3):
+        r = run_hook(call(home, NETNS_PROBE, allow_network=False))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["devices"] == ["lo"] and r.reply["lo"] != "up", r.reply
+        seen["mine"].append(r.reply["netns"])
+        r = run_hook(HookCall(plugin_dir=other, script="hooks/net.py", runtime=resolve_tag("python"), request={},
+                              timeout_secs=20, data_dir=home / "plugin_data" / "other", home_dir=home,
+                              allow_network=False))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["devices"] == ["lo"] and r.reply["lo"] != "up", r.reply
+        seen["other"].append(r.reply["netns"])
+    assert os.readlink("/proc/self/ns/net") not in seen["mine"] + seen["other"]
+    if mode != "worker-spawned" and sandbox.mode() == "root":
+        # Kept from the second call of each plugin on (the first made its own, since gone: inode numbers of
+        # namespaces that no longer exist are reused, so only the kept ones can be compared).
+        assert seen["mine"][1] == seen["mine"][2] and seen["other"][1] == seen["other"][2], seen
+        assert seen["mine"][1] != seen["other"][1], seen
+
+
 def test_a_hook_keeps_its_exit_status_and_signals(home, mode):
     r = run_hook(call(home, "import os, signal, sys\nsys.stdin.read()\nos.kill(os.getpid(), signal.SIGTERM)\n"))
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.signal == 15
@@ -329,9 +400,30 @@ def test_the_default_memory_limit_kills_a_hog_and_says_why(home, mode, monkeypat
 
 
 def test_the_per_call_cgroups_are_removed_after_the_call(home, mode):
-    assert run_hook(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
-    for base in {os.path.dirname(os.path.join(d, "x")) for _v, d in (sandbox.cgroups._found() or {}).values()}:
-        assert not [n for n in os.listdir(base) if n.startswith(f"librefang-hook-{os.getpid()}-")]
+    """Cgroups are made by the zygote or the spawner (named after its pid), which removes the call's once the call
+    is over (after answering): what may stay is one cgroup per helper, its spare child's, ready for the next call."""
+    bases = {d for _v, d in (sandbox.cgroups._found() or {}).values()}
+    if not bases:
+        pytest.skip("no cgroup the service can create")
+
+    def ours() -> set[str]:
+        owners = [os.getpid(), *warmstart.helper_pids()]
+        return {n for base in bases for n in os.listdir(base)
+                if any(n.startswith(f"librefang-hook-{pid}-") for pid in owners)}
+
+    for _ in range(3):
+        assert run_hook(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
+    helpers = warmstart.helper_pids()
+    assert bool(helpers) == (mode != "worker-spawned")
+    end = time.monotonic() + 10
+    while time.monotonic() < end and len(ours()) > len(helpers):
+        time.sleep(0.02)
+    assert len(ours()) <= len(helpers), ours()  # the spares' cgroups (one name across hierarchies) and nothing else
+    warmstart.shutdown()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and ours():
+        time.sleep(0.02)
+    assert not ours()
 
 
 # ---- where the OS refuses namespaces: run, but say so everywhere ------------------------------------------------
@@ -389,9 +481,11 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             out = {{"mode": sandbox.mode()}}
             for warm in ("1", "0"):
                 os.environ["LIBREFANG_WARM_START"] = warm
-                r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
-                                      {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p", home_dir=home))
-                out[warm] = r.reply if r.ok else str(r.failure) + r.stderr
+                for n in ("first", "next"):  # the helper's next spare entered the namespaces ahead of its call
+                    r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
+                                          {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p",
+                                          home_dir=home))
+                    out[warm + n] = r.reply if r.ok else str(r.failure) + r.stderr
             print(json.dumps(out))
         """))
         subprocess.run(["chown", "-R", "65534:65534", str(top)], check=True)
@@ -402,7 +496,7 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             pytest.skip("this kernel refuses unprivileged user namespaces")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["mode"] == "userns", proc.stderr
-        for warm in ("1", "0"):
-            assert out[warm] == {"listing": ["plugin_data", "plugins"], "uid": 65534, "pids": [1, 2]}, out
+        for key in ("1first", "1next", "0first", "0next"):
+            assert out[key] == {"listing": ["plugin_data", "plugins"], "uid": 65534, "pids": [1, 2]}, out
     finally:
         shutil.rmtree(top, ignore_errors=True)
