@@ -52,8 +52,10 @@ def _pins() -> tuple[dict[str, str], str] | None:
         raise PluginError("unavailable", str(exc), 503) from exc
 
 
-async def prewarm(name: str | None, actor: str, wait_secs: float = WAIT_SECS) -> dict[str, Any]:
-    """Warm `name` (or every enabled plugin) on every live worker; what each worker confirmed within `wait_secs`."""
+async def prewarm(name: str | None, actor: str, wait_secs: float | None = None) -> dict[str, Any]:
+    """Warm `name` (or every enabled plugin) on every live worker; what each worker confirmed within `wait_secs`
+    (default WAIT_SECS)."""
+    wait_secs = WAIT_SECS if wait_secs is None else wait_secs
     pins = await sync_to_async(_pins)()
     names = await sync_to_async(_targets)(name, pins[0] if pins else None)
     if pins is not None:
