@@ -287,3 +287,35 @@ def test_prewarm_refuses_a_disabled_or_unknown_plugin(home, owner_api):
     assert owner_api("/plugins/ghost/prewarm").status_code == 404
     r = owner_api("/plugins/prewarm")  # no worker alive: nothing is claimed
     assert r.status_code == 200 and r.json()["workers"] == [] and r.json()["warmed_everywhere"] is False
+
+
+def test_the_plugin_page_button_and_the_cli_show_each_workers_answer(home, client, control_worker, monkeypatch):
+    from django.contrib.auth.models import User
+    from django.core.management.base import CommandError
+
+    make_plugin(home.plugins_dir, "warmme", {"ingest": PY_ECHO_INGEST})
+    monkeypatch.setattr(prewarm_service, "WAIT_SECS", 3.0)
+    client.force_login(User.objects.create_user("staff", "", "pw", is_staff=True))
+    assert client.post("/plugins/warmme/prewarm/").status_code == 403  # an admin may not: owner, as the API
+    client.force_login(User.objects.create_superuser("boss", "", "pw"))
+    assert 'id="parity-prewarm-form"' in client.get("/plugins/warmme/").content.decode()
+    html = client.post("/plugins/warmme/prewarm/").content.decode()
+    assert 'id="parity-prewarm-none"' in html and "nothing was warmed" in html
+
+    loop = control_worker()
+    silent = control_worker(answering=False)
+    wait_for_control_reader(loop)
+    html = client.post("/plugins/warmme/prewarm/").content.decode()
+    assert f'data-worker="{loop.stream.consumer}" data-state="warmed"' in html and "<code>ingest</code>" in html
+    assert f'data-worker="{silent.stream.consumer}" data-state="missing"' in html
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exit_:  # one worker did not answer: not warmed everywhere
+        call_command("plugin", "prewarm", "warmme", "--wait", "2", stdout=out)
+    assert exit_.value.code == 1
+    text = out.getvalue()
+    assert f"({loop.stream.consumer}): zygotes [" in text and "warmme: warmed ingest" in text
+    assert f"({silent.stream.consumer}): no answer, not warmed" in text
+    with pytest.raises(CommandError) as err:
+        call_command("plugin", "prewarm", "ghost")
+    assert err.value.returncode == 3
