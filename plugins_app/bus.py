@@ -805,6 +805,25 @@ class JobStream:
             self.holding.discard(job.key)
         return True
 
+    def ack_many(self, jobs: list[Job]) -> None:
+        """ack() for many jobs in one round trip; kept and retried like ack() if Redis is unreachable."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for job in jobs:
+                pipe.xack(job.key[0], GROUP, job.entry_id)
+                pipe.xdel(job.key[0], job.entry_id)
+            results = pipe.execute(raise_on_error=False)
+        except REDIS_DOWN:
+            log.warning("Redis unreachable: acks of %d job(s) deferred", len(jobs))
+            with self._lock:
+                self._deferred.acks.extend(jobs)
+            return
+        for result in results:  # NOGROUP (Redis came back empty): nothing left to ack
+            if isinstance(result, redis.ResponseError) and "NOGROUP" not in str(result):
+                raise result
+        with self._lock:
+            self.holding.difference_update(j.key for j in jobs)
+
     def _send_ack(self, job: Job) -> None:
         name = job.key[0]
         try:

@@ -10,6 +10,7 @@ than it can start.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -46,10 +47,12 @@ class Backoff:
 
 class WorkerLoop:
     def __init__(self, stream: JobStream, concurrency: int,
-                 process: Callable[[Job, JobStream], str] = jobs.process):
+                 process: Callable[[Job, JobStream], str] | None = None):
         self.stream = stream
         self.concurrency = concurrency
-        self.process = process
+        # Outcomes (JobRecord + ack) leave the job's thread once its reply is out (services/jobs.py OutcomeWriter).
+        self.outcomes = jobs.OutcomeWriter(stream) if process is None else None
+        self.process = process or functools.partial(jobs.process, outcomes=self.outcomes)
         self.stop = threading.Event()
         self.stats = {"processed": 0, "inflight": 0, "started_at": time.time(), "last_read_at": None}
         self.lock = threading.Lock()
@@ -135,8 +138,10 @@ class WorkerLoop:
                 self.stop.wait(backoff.failed(exc))
 
     def finish(self) -> None:
-        """Wait for the jobs in flight, then send what Redis could not take."""
+        """Wait for the jobs in flight and their outcomes, then send what Redis could not take."""
         self.pool.shutdown(wait=True)
+        if self.outcomes is not None:
+            self.outcomes.close()
         try:
             self.stream.flush_deferred()
         except REDIS_DOWN:

@@ -319,3 +319,30 @@ def test_the_plugin_page_button_and_the_cli_show_each_workers_answer(home, clien
     with pytest.raises(CommandError) as err:
         call_command("plugin", "prewarm", "ghost")
     assert err.value.returncode == 3
+
+
+# ---- outcomes off the job's thread ----
+
+def test_the_outcome_writer_stores_then_acks_and_keeps_the_acks_while_redis_is_away():
+    import redis
+
+    from plugins_app.services import jobs
+
+    stream = new_stream()
+    ids = [put("after_turn", {"agent_id": f"a{i}"}) for i in range(3)]
+    batch = stream.read(count=10, block_ms=200)
+    writer = jobs.OutcomeWriter(stream)
+    for job in batch[:2]:
+        assert jobs.finish(job, stream, JobRecord.State.DONE, "src", "", writer) == JobRecord.State.DONE
+    writer.close()
+    assert set(JobRecord.objects.values_list("job_id", flat=True)) == set(ids[:2])
+    assert pending(stream.stream) == 1 and {j.key for j in batch[2:]} == stream.holding
+
+    stream.r = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # Redis is gone
+    writer = jobs.OutcomeWriter(stream)
+    jobs.finish(batch[2], stream, JobRecord.State.DONE, "src", "", writer)
+    writer.close()
+    assert JobRecord.objects.filter(job_id=ids[2]).exists() and stream.deferred_count() == 1
+    stream.r = bus.client()
+    stream.flush_deferred()
+    assert pending(stream.stream) == 0 and not stream.holding
