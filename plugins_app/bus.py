@@ -509,7 +509,12 @@ async def _route(hub: _Hub, kind: str, plugin: str, request: Any) -> str:
         return stream_key()
     from plugins_app.services.affinity import wants_agent_affinity
 
-    if not wants_agent_affinity(kind, plugin):
+    try:
+        wanted = wants_agent_affinity(kind, plugin)
+    except Exception:  # a configuration that does not load: the job still goes out, as without affinity
+        log.warning("agent affinity unknown for %s %s; shared stream", kind, plugin or "(chain)", exc_info=True)
+        wanted = False
+    if not wanted:
         return stream_key()
     try:
         host = host_for(str(agent), await hub.live_hosts())
@@ -591,19 +596,23 @@ async def ping() -> bool:
 
 
 async def queue_stats() -> dict:
-    """Stream length, the group's pending (delivered, not yet acked) and lag (not yet delivered) counts."""
+    """Stream length, the group's pending (delivered, not yet acked) and lag (not yet delivered) counts, over the
+    shared stream and the host streams (agent affinity)."""
     r = aclient()
-    try:
-        length = await r.xlen(stream_key())
-        groups = await r.xinfo_groups(stream_key())
-    except redis.ResponseError:
-        return {"length": 0, "pending": 0, "lag": 0}
-    group = next((g for g in groups if g.get("name") == GROUP), None)
-    if group is None:
-        return {"length": length, "pending": 0, "lag": length}
-    lag = group.get("lag")
-    return {"length": length, "pending": int(group.get("pending") or 0),
-            "lag": int(lag) if lag is not None else length}
+    total = {"length": 0, "pending": 0, "lag": 0}
+    names = [stream_key(), *(host_stream_key(h) for h in sorted(await r.smembers(host_streams_key())))]
+    for name in names:
+        try:
+            length = await r.xlen(name)
+            groups = await r.xinfo_groups(name)
+        except redis.ResponseError:
+            continue
+        group = next((g for g in groups if g.get("name") == GROUP), None)
+        lag = group.get("lag") if group is not None else None
+        total["length"] += length
+        total["pending"] += int(group.get("pending") or 0) if group is not None else 0
+        total["lag"] += int(lag) if lag is not None else length
+    return total
 
 
 # ---- worker side (sync; runs in the worker process) ----

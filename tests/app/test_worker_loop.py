@@ -167,6 +167,8 @@ async def test_jobs_of_an_agent_go_to_one_live_host_when_its_plugin_asks_for_aff
     affinity.forget()
     await bus.enqueue("after_turn", {"agent_id": "agent-1", "messages": []})
     assert r.xlen(bus.stream_key()) == 2 and sum(r.xlen(s.host_stream) for s in (a, b)) == 12
+    stats = await bus.queue_stats()  # health and the dashboard count the host streams' backlog too
+    assert stats["length"] == 14 and stats["lag"] == 14 and stats["pending"] == 0
 
 
 def test_the_same_agent_keeps_its_host_while_others_come_and_go():
