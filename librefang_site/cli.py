@@ -4,9 +4,11 @@
                                   LIBREFANG_WORKERS workers (a child that exits is restarted with backoff)
   librefang web                   daphne alone (for systemd or containers; see deploy/)
   librefang worker [--home DIR]   one hook worker; --home sets $LIBREFANG_HOME (a worker host needs no plugins
-                                  there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name)
+                                  there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name);
+                                  --once runs one reclaim + read cycle, waits for those jobs and exits
   librefang plugin ACTION …       list | show | scaffold | reload | enable | disable | doctor | lint | install |
-                                  uninstall | update | install-deps | test-hook | use   (`librefang plugin -h`)
+                                  uninstall | update | install-deps | test-hook | use | prewarm [NAME] …
+                                  (`librefang plugin -h`)
   librefang token ACTION …        create --role owner|admin|viewer|agent --name N | list | revoke ID|NAME
 
 Exit codes: 0 ok, 1 check or hook failed, 2 invalid input, 3 not found, 4 conflict.

@@ -133,6 +133,8 @@ ACTION_ROLES: dict[str, str] = {
     # (plugins_app/views/parity.py).
     "plugins_benchmark": Role.OWNER,
     "plugins_batch": Role.OWNER,
+    "plugins_prewarm": Role.OWNER,
+    "plugins_prewarm_one": Role.OWNER,
     "plugins_install_with_deps": Role.OWNER,
     "plugins_env_set": Role.OWNER,
     "plugins_advanced_config_set": Role.OWNER,

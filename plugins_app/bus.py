@@ -9,6 +9,11 @@ Blocking hooks carry a deadline and a reply channel. Each web process (one per e
 connection on its own reply channel and resolves waiting calls by job id, so a waiting call holds no Redis
 connection; the worker also pushes the reply onto a short-lived list, read when the subscriber was reconnecting.
 XADDs go through one writer task that pipelines whatever is queued, so a burst queues instead of exhausting a pool.
+
+Agent affinity (docs/scale-out.md): a job for an agent whose plugin asks for `affinity = "agent"` goes to the stream
+of one worker host, chosen by rendezvous hashing of the agent id over the hosts that heartbeat; the workers of that
+host read it besides the shared stream, and a live worker moves the jobs of a host that stopped heartbeating to the
+agent's new host. A control stream, read by every worker, carries prewarm requests; workers answer on a list.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ CONNECT_TIMEOUT_SECS = 1.0
 SOCKET_TIMEOUT_SECS = 3.0
 # Jobs waiting for the writer task beyond this are refused as our own capacity limit (never silently).
 OUTBOX_MAX = 20_000
+HOSTS_TTL_SECS = 1.0
+CONTROL_MAXLEN = 100
+# Long enough for one worker to move a dead host's jobs; released as soon as it is done.
+REHOME_LOCK_MS = 30_000
 WRITE_BATCH_MAX = 500
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -82,6 +91,42 @@ def reply_channel_prefix() -> str:
 
 def heartbeat_key(worker: str) -> str:
     return _key("engine", "worker", worker)
+
+
+def host_stream_key(host: str) -> str:
+    """The stream of jobs routed to one worker host (agent affinity)."""
+    return _key("engine", "jobs", "host", host)
+
+
+def host_streams_key() -> str:
+    """The set of host ids that ever read a host stream: where a live worker looks for dead hosts' jobs."""
+    return _key("engine", "hosts")
+
+
+def control_key() -> str:
+    return _key("engine", "control")
+
+
+def prewarm_answers_key(stamp: str) -> str:
+    return _key("engine", "prewarm", stamp)
+
+
+def worker_host_id(home: str | os.PathLike) -> str:
+    """What "one worker host" means for affinity: the machine and the $LIBREFANG_HOME its workers share (plugins
+    keep their files there). LIBREFANG_WORKER_HOST names it explicitly."""
+    named = os.environ.get("LIBREFANG_WORKER_HOST", "").strip()
+    if named:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in named)[:100]
+    home_tag = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()[:60]}-{home_tag}"
+
+
+def host_for(agent_id: str, hosts: list[str]) -> str | None:
+    """Rendezvous hashing: every web process picks the same host for an agent from the same live hosts, and a host
+    leaving moves only its own agents."""
+    if not hosts:
+        return None
+    return max(hosts, key=lambda h: hashlib.sha256(f"{h}\n{agent_id}".encode()).digest())
 
 
 # ---- signing ----
@@ -185,10 +230,16 @@ class Job:
     origin: str = ""  # who queued it when not an agent over REST ("mcp"): its traces say so
     bundles: dict[str, str] | None = None  # plugin -> bundle hash to run (plugins_app/services/bundles.py)
     engine_config: str = ""  # config.toml text that goes with `bundles`
+    stream: str = ""  # the stream it was read from ("" = the shared one)
 
     @property
     def expired(self) -> bool:
         return bool(self.deadline) and time.time() > self.deadline
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Entry ids are unique per stream only."""
+        return self.stream or stream_key(), self.entry_id
 
 
 # Set by a caller (the /mcp server) around its calls: the jobs it queues carry this origin.
@@ -234,8 +285,10 @@ def _pin_versions(fields: dict[str, str]) -> None:
         fields["engine_config"] = pins[1]
 
 
-def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
+def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream: str = "") -> Job:
     signed = signature_ok(fields)
+    if fields.get("moved"):  # moved off a dead host's stream: it may have run there already (dedup by JobRecord)
+        deliveries = max(deliveries, 2)
     try:
         request = json.loads(fields.get("request") or "null")
         deadline = float(fields.get("deadline") or 0)
@@ -254,7 +307,7 @@ def _parse(entry_id: str, fields: dict[str, str], deliveries: int = 1) -> Job:
         hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
         plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
         signed=signed, origin=fields.get("origin", "")[:20], bundles=bundles,
-        engine_config=fields.get("engine_config", ""),
+        engine_config=fields.get("engine_config", ""), stream=stream,
     )
 
 
@@ -269,13 +322,25 @@ class _Hub:
         pool = aredis.BlockingConnectionPool.from_url(self.url, max_connections=16,
                                                       timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
         self.r = aredis.Redis(connection_pool=pool)
-        self.outbox: asyncio.Queue[tuple[dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
+        self.outbox: asyncio.Queue[tuple[str, dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
         self.waiters: dict[str, asyncio.Future] = {}
         self.delivered: list[str] = []  # reply lists to delete (their reply already came by the channel)
         self.subscribed = False
         self.draining = ""
         self.last_error: str = ""
         self._tasks: list[asyncio.Task] = []
+        self._hosts: tuple[float, list[str]] = (0.0, [])
+
+    async def live_hosts(self) -> list[str]:
+        """Host ids of the workers that heartbeat, re-read at most once a second (routing by agent affinity)."""
+        at, hosts = self._hosts
+        if time.monotonic() - at < HOSTS_TTL_SECS:
+            return hosts
+        keys = [k async for k in self.r.scan_iter(match=heartbeat_key("*"), count=100)]
+        beats = await self.r.mget(keys) if keys else []
+        hosts = sorted({json.loads(raw).get("affinity_host") or "" for raw in beats if raw} - {""})
+        self._hosts = (time.monotonic(), hosts)
+        return hosts
 
     def ensure_running(self) -> None:
         if not self._tasks or any(t.done() for t in self._tasks):
@@ -296,13 +361,13 @@ class _Hub:
             if not fut.done():
                 fut.set_exception(BusDraining(reason))
 
-    async def xadd(self, fields: dict[str, str], timeout: float) -> str:
+    async def xadd(self, fields: dict[str, str], timeout: float, stream: str = "") -> str:
         if self.draining:
             raise BusDraining(self.draining)
         self.ensure_running()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         try:
-            self.outbox.put_nowait((fields, fut))
+            self.outbox.put_nowait((stream or stream_key(), fields, fut))
         except asyncio.QueueFull:
             raise BusCapacity(f"{OUTBOX_MAX} jobs already waiting to be stored") from None
         try:
@@ -318,24 +383,24 @@ class _Hub:
             batch = [await self.outbox.get()]
             while len(batch) < WRITE_BATCH_MAX and not self.outbox.empty():
                 batch.append(self.outbox.get_nowait())
-            batch = [(f, fut) for f, fut in batch if not fut.done()]
+            batch = [(st, f, fut) for st, f, fut in batch if not fut.done()]
             if not batch:
                 continue
             try:
                 pipe = self.r.pipeline(transaction=False)
-                for fields, _ in batch:
-                    pipe.xadd(stream_key(), fields)
+                for target, fields, _ in batch:
+                    pipe.xadd(target, fields)
                 ids = await pipe.execute()
                 self.last_error = ""
             except Exception as exc:  # Redis down or refusing: each caller hears why, nothing is retried for it
                 self.last_error = f"Redis unreachable ({type(exc).__name__}: {exc})"
                 err = BusUnavailable(self.last_error) if isinstance(exc, REDIS_DOWN) else exc
-                for _, fut in batch:
+                for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(err)
                         fut.exception()  # marks it retrieved even if the caller already gave up
                 continue
-            for (_, fut), entry_id in zip(batch, ids, strict=True):
+            for (_, _, fut), entry_id in zip(batch, ids, strict=True):
                 if not fut.done():
                     fut.set_result(entry_id)
 
@@ -436,12 +501,35 @@ def drain(reason: str) -> None:
         hub.drain(reason)
 
 
+async def _route(hub: _Hub, kind: str, plugin: str, request: Any) -> str:
+    """The stream a job goes to: its agent's host stream when a plugin it may run asks for agent affinity and a
+    worker host is alive; the shared stream otherwise."""
+    agent = request.get("agent_id") if isinstance(request, dict) else None
+    if kind not in PINNED_KINDS or not agent:
+        return stream_key()
+    from plugins_app.services.affinity import wants_agent_affinity
+
+    try:
+        wanted = wants_agent_affinity(kind, plugin)
+    except Exception:  # a configuration that does not load: the job still goes out, as without affinity
+        log.warning("agent affinity unknown for %s %s; shared stream", kind, plugin or "(chain)", exc_info=True)
+        wanted = False
+    if not wanted:
+        return stream_key()
+    try:
+        host = host_for(str(agent), await hub.live_hosts())
+    except REDIS_DOWN:
+        host = None  # the XADD that follows reports the outage
+    return host_stream_key(host) if host else stream_key()
+
+
 async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "",
                   store_within: float = 5.0) -> str:
     """Fire-and-forget: once this returns the job is in Redis and is processed at least once.
     Raises BusUnavailable / BusCapacity when it could not be stored."""
+    hub = _hub()
     job_id, fields = _fields(kind, hook, request, None, False, plugin)
-    await _hub().xadd(fields, store_within)
+    await hub.xadd(fields, store_within, await _route(hub, kind, plugin, request))
     return job_id
 
 
@@ -456,7 +544,7 @@ async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: st
     fut: asyncio.Future = asyncio.get_running_loop().create_future()
     hub.waiters[job_id] = fut
     try:
-        await hub.xadd(fields, wait_secs)
+        await hub.xadd(fields, wait_secs, await _route(hub, kind, plugin, request))
         return await hub.wait(job_id, fut, wait_secs - (time.monotonic() - started))
     finally:
         hub.waiters.pop(job_id, None)
@@ -508,19 +596,23 @@ async def ping() -> bool:
 
 
 async def queue_stats() -> dict:
-    """Stream length, the group's pending (delivered, not yet acked) and lag (not yet delivered) counts."""
+    """Stream length, the group's pending (delivered, not yet acked) and lag (not yet delivered) counts, over the
+    shared stream and the host streams (agent affinity)."""
     r = aclient()
-    try:
-        length = await r.xlen(stream_key())
-        groups = await r.xinfo_groups(stream_key())
-    except redis.ResponseError:
-        return {"length": 0, "pending": 0, "lag": 0}
-    group = next((g for g in groups if g.get("name") == GROUP), None)
-    if group is None:
-        return {"length": length, "pending": 0, "lag": length}
-    lag = group.get("lag")
-    return {"length": length, "pending": int(group.get("pending") or 0),
-            "lag": int(lag) if lag is not None else length}
+    total = {"length": 0, "pending": 0, "lag": 0}
+    names = [stream_key(), *(host_stream_key(h) for h in sorted(await r.smembers(host_streams_key())))]
+    for name in names:
+        try:
+            length = await r.xlen(name)
+            groups = await r.xinfo_groups(name)
+        except redis.ResponseError:
+            continue
+        group = next((g for g in groups if g.get("name") == GROUP), None)
+        lag = group.get("lag") if group is not None else None
+        total["length"] += length
+        total["pending"] += int(group.get("pending") or 0) if group is not None else 0
+        total["lag"] += int(lag) if lag is not None else length
+    return total
 
 
 # ---- worker side (sync; runs in the worker process) ----
@@ -533,89 +625,162 @@ class _Deferred:
 
 
 class JobStream:
-    def __init__(self, consumer: str | None = None, r: redis.Redis | None = None):
+    def __init__(self, consumer: str | None = None, r: redis.Redis | None = None, host: str = ""):
         self.r = r or client()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stream = stream_key()
-        self.holding: set[str] = set()  # entry ids read or claimed by us and not acked yet
+        self.host = host  # this worker's host id: it also reads that host's stream (agent affinity)
+        self.host_stream = host_stream_key(host) if host else ""
+        self.holding: set[tuple[str, str]] = set()  # (stream, entry id) read or claimed by us and not acked yet
         self._lock = threading.Lock()
         self._deferred = _Deferred()
 
+    @property
+    def streams(self) -> list[str]:
+        return [self.stream, self.host_stream] if self.host_stream else [self.stream]
+
     def ensure_group(self) -> None:
-        try:
-            self.r.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for name in self.streams:
+            try:
+                self.r.xgroup_create(name, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        if self.host:
+            self.r.sadd(host_streams_key(), self.host)
 
     def _hold(self, jobs: list[Job]) -> list[Job]:
         with self._lock:
-            self.holding.update(j.entry_id for j in jobs)
+            self.holding.update(j.key for j in jobs)
         return jobs
 
     def release(self, job: Job) -> None:
         """The job is no longer ours to finish (it crashed): it may be taken up again."""
         with self._lock:
-            self.holding.discard(job.entry_id)
+            self.holding.discard(job.key)
 
     def read(self, count: int, block_ms: int) -> list[Job]:
+        """Up to `count` new jobs from each stream we read (the shared one and our host's)."""
         try:
-            resp = self.r.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            resp = self.r.xreadgroup(GROUP, self.consumer, {name: ">" for name in self.streams}, count=count,
+                                     block=block_ms)
         except redis.ResponseError as exc:
             if "NOGROUP" in str(exc):  # Redis came back empty: the group is gone
                 self.ensure_group()
                 return []
             raise
         jobs = []
-        for _stream, entries in resp or []:
+        for name, entries in resp or []:
             for entry_id, fields in entries:
                 if fields:
-                    jobs.append(_parse(entry_id, fields))
+                    jobs.append(_parse(entry_id, fields, stream=name))
         return self._hold(jobs)
 
     def reclaim(self) -> list[Job]:
         """Claim jobs pending on workers that stopped heartbeating, our own orphans, and jobs stuck far too long."""
         claimed: list[Job] = []
+        for name in self.streams:
+            claimed += self._reclaim_stream(name)
+        return self._hold(claimed)
+
+    def _reclaim_stream(self, name: str) -> list[Job]:
+        claimed: list[Job] = []
         try:
-            summary = self.r.xpending(self.stream, GROUP)
+            summary = self.r.xpending(name, GROUP)
         except redis.ResponseError:
             return claimed
         for info in summary.get("consumers") or []:
-            name = info["name"]
-            if name == self.consumer:
-                claimed += self._claim_orphans()
+            consumer = info["name"]
+            if consumer == self.consumer:
+                claimed += self._claim_orphans(name)
                 continue
-            if self.r.exists(heartbeat_key(name)):
+            if self.r.exists(heartbeat_key(consumer)):
                 continue
             while True:
-                pending = self.r.xpending_range(self.stream, GROUP, min="-", max="+", count=100, consumername=name)
+                pending = self.r.xpending_range(name, GROUP, min="-", max="+", count=100, consumername=consumer)
                 if not pending:
                     break
-                claimed += self._claim(pending, 0)
-            self.r.xgroup_delconsumer(self.stream, GROUP, name)
-        _next, entries, *_ = self.r.xautoclaim(self.stream, GROUP, self.consumer, STUCK_JOB_MS, "0-0", count=100)
+                claimed += self._claim(name, pending, 0)
+            self.r.xgroup_delconsumer(name, GROUP, consumer)
+        _next, entries, *_ = self.r.xautoclaim(name, GROUP, self.consumer, STUCK_JOB_MS, "0-0", count=100)
         with self._lock:
-            entries = [(e, f) for e, f in entries if e not in self.holding]
-        claimed += [_parse(e, f, 2) for e, f in entries if f]
-        return self._hold(claimed)
+            entries = [(e, f) for e, f in entries if (name, e) not in self.holding]
+        return claimed + [_parse(e, f, 2, stream=name) for e, f in entries if f]
 
-    def _claim_orphans(self) -> list[Job]:
-        pending = self.r.xpending_range(self.stream, GROUP, min="-", max="+", count=100,
+    def _claim_orphans(self, name: str) -> list[Job]:
+        pending = self.r.xpending_range(name, GROUP, min="-", max="+", count=100,
                                         consumername=self.consumer, idle=OWN_ORPHAN_MS)
         with self._lock:
-            pending = [p for p in pending if p["message_id"] not in self.holding]
-        return self._claim(pending, OWN_ORPHAN_MS) if pending else []
+            pending = [p for p in pending if (name, p["message_id"]) not in self.holding]
+        return self._claim(name, pending, OWN_ORPHAN_MS) if pending else []
 
-    def _claim(self, pending: list[dict], min_idle_ms: int) -> list[Job]:
+    def _claim(self, name: str, pending: list[dict], min_idle_ms: int) -> list[Job]:
         ids = [p["message_id"] for p in pending]
         counts = {p["message_id"]: p["times_delivered"] for p in pending}
         out = []
-        for entry_id, fields in self.r.xclaim(self.stream, GROUP, self.consumer, min_idle_ms, ids):
+        for entry_id, fields in self.r.xclaim(name, GROUP, self.consumer, min_idle_ms, ids):
             if fields:
-                out.append(_parse(entry_id, fields, counts.get(entry_id, 1) + 1))
+                out.append(_parse(entry_id, fields, counts.get(entry_id, 1) + 1, stream=name))
             else:  # the entry was deleted but not acked
-                self.r.xack(self.stream, GROUP, entry_id)
+                self.r.xack(name, GROUP, entry_id)
         return out
+
+    # -- agent affinity: hosts that died --
+
+    def live_hosts(self) -> list[str]:
+        keys = list(self.r.scan_iter(match=heartbeat_key("*"), count=100))
+        beats = self.r.mget(keys) if keys else []
+        return sorted({json.loads(raw).get("affinity_host") or "" for raw in beats if raw} - {""})
+
+    def rehome_dead_hosts(self) -> int:
+        """Move every job still in the stream of a host that stopped heartbeating (never read, or read by a worker
+        that died) to the stream of its agent's host among the live ones. One worker does a host at a time (a lock
+        in Redis). The moved copy is marked, so a job that did finish on the dead host is recognised as a
+        duplicate by its JobRecord. Returns how many jobs moved."""
+        known = self.r.smembers(host_streams_key())
+        if not known:
+            return 0
+        live = self.live_hosts()
+        moved = 0
+        for host in sorted(set(known) - set(live)):
+            lock = _key("engine", "rehome", host)
+            if not self.r.set(lock, self.consumer, nx=True, px=REHOME_LOCK_MS):
+                continue
+            try:
+                moved += self._rehome(host_stream_key(host), live)
+            finally:
+                self.r.delete(lock)
+        return moved
+
+    def _rehome(self, source: str, live: list[str]) -> int:
+        moved = 0
+        while True:
+            entries = [(e, f) for e, f in self.r.xrange(source, "-", "+", count=100)]
+            if not entries:
+                return moved
+            pipe = self.r.pipeline(transaction=False)
+            for _entry_id, fields in entries:
+                target, copy = self.stream, dict(fields)
+                if signature_ok(fields):  # never sign what we could not verify: it goes on as it came, to be refused
+                    try:
+                        request = json.loads(fields.get("request") or "null")
+                    except ValueError:
+                        request = None
+                    agent = request.get("agent_id") if isinstance(request, dict) else None
+                    host = host_for(str(agent), live) if agent else None
+                    target = host_stream_key(host) if host else self.stream
+                    copy["moved"] = "1"
+                    copy["sig"] = sign(copy)
+                pipe.xadd(target, copy)
+            pipe.execute()
+            ids = [e for e, _ in entries]
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xack(source, GROUP, *ids)
+            pipe.xdel(source, *ids)
+            pipe.execute()
+            moved += len(ids)
+
+    # -- outcomes --
 
     def reply(self, job: Job, payload: dict) -> None:
         """Hand the reply to the waiting web process; kept for later if Redis is unreachable."""
@@ -646,14 +811,34 @@ class JobStream:
                 self._deferred.acks.append(job)
             return False
         with self._lock:
-            self.holding.discard(job.entry_id)
+            self.holding.discard(job.key)
         return True
 
+    def ack_many(self, jobs: list[Job]) -> None:
+        """ack() for many jobs in one round trip; kept and retried like ack() if Redis is unreachable."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for job in jobs:
+                pipe.xack(job.key[0], GROUP, job.entry_id)
+                pipe.xdel(job.key[0], job.entry_id)
+            results = pipe.execute(raise_on_error=False)
+        except REDIS_DOWN:
+            log.warning("Redis unreachable: acks of %d job(s) deferred", len(jobs))
+            with self._lock:
+                self._deferred.acks.extend(jobs)
+            return
+        for result in results:  # NOGROUP (Redis came back empty): nothing left to ack
+            if isinstance(result, redis.ResponseError) and "NOGROUP" not in str(result):
+                raise result
+        with self._lock:
+            self.holding.difference_update(j.key for j in jobs)
+
     def _send_ack(self, job: Job) -> None:
+        name = job.key[0]
         try:
             pipe = self.r.pipeline()
-            pipe.xack(self.stream, GROUP, job.entry_id)
-            pipe.xdel(self.stream, job.entry_id)
+            pipe.xack(name, GROUP, job.entry_id)
+            pipe.xdel(name, job.entry_id)
             pipe.execute()
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):  # Redis came back empty: nothing left to ack
@@ -678,7 +863,7 @@ class JobStream:
             while pending.acks:
                 self._send_ack(pending.acks[0])
                 with self._lock:
-                    self.holding.discard(pending.acks[0].entry_id)
+                    self.holding.discard(pending.acks[0].key)
                 pending.acks.pop(0)
         finally:
             with self._lock:
@@ -687,7 +872,73 @@ class JobStream:
 
     def heartbeat(self, info: dict) -> None:
         self.r.set(heartbeat_key(self.consumer),
-                   json.dumps({"worker": self.consumer, "beat_at": time.time(), **info}), ex=HEARTBEAT_TTL_SECS)
+                   json.dumps({"worker": self.consumer, "beat_at": time.time(), "affinity_host": self.host, **info}),
+                   ex=HEARTBEAT_TTL_SECS)
 
     def retire(self) -> None:
         self.r.delete(heartbeat_key(self.consumer))
+
+    # -- control: prewarm requests to every worker --
+
+    def control_cursor(self) -> str:
+        """Where this worker starts reading the control stream: requests made from now on."""
+        try:
+            last = self.r.xrevrange(control_key(), "+", "-", count=1)
+        except redis.ResponseError:
+            last = []
+        return last[0][0] if last else "0-0"
+
+    def read_control(self, cursor: str, block_ms: int) -> tuple[str, list[dict[str, str]]]:
+        """Control entries after `cursor` whose signature verifies; (new cursor, entries)."""
+        resp = self.r.xread({control_key(): cursor}, count=10, block=block_ms)
+        out = []
+        for _name, entries in resp or []:
+            for entry_id, fields in entries:
+                cursor = entry_id
+                if signature_ok(fields):
+                    out.append(fields)
+                else:
+                    log.error("control entry %s ignored: signature missing or invalid", entry_id)
+        return cursor, out
+
+    def answer_prewarm(self, stamp: str, answer: dict) -> None:
+        key = prewarm_answers_key(stamp)
+        pipe = self.r.pipeline()
+        pipe.rpush(key, json.dumps({"worker": self.consumer, **answer}))
+        pipe.expire(key, REPLY_TTL_SECS)
+        pipe.execute()
+
+
+# ---- prewarm (web tier) ----
+
+async def prewarm(plugins: list[str], wait_secs: float, pins: tuple[dict[str, str], str] | None = None) -> dict:
+    """Ask every live worker to warm `plugins` (and fetch their pinned bundles); wait up to `wait_secs` for each
+    worker that heartbeats now to answer. Returns {"stamp", "answers": [...], "missing": [worker, ...]}."""
+    r = aclient()
+    stamp = uuid.uuid4().hex
+    fields = {"kind": "prewarm", "stamp": stamp, "plugins": json.dumps(plugins), "at": repr(time.time())}
+    if pins is not None:
+        fields["bundles"] = json.dumps(pins[0], sort_keys=True)
+        fields["engine_config"] = pins[1]
+    fields["sig"] = sign(fields)
+    try:
+        expected = {w["worker"]: w for w in await live_workers() if w.get("worker")}
+        await r.xadd(control_key(), fields, maxlen=CONTROL_MAXLEN, approximate=True)
+    except REDIS_DOWN as exc:
+        raise BusUnavailable(f"Redis unreachable ({type(exc).__name__}: {exc})") from exc
+    answers: dict[str, dict] = {}
+    end = time.monotonic() + wait_secs
+    while set(expected) - set(answers):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            got = await r.blpop([prewarm_answers_key(stamp)], timeout=max(0.01, min(left, 1.0)))
+        except REDIS_DOWN:
+            break
+        if got:
+            answer = json.loads(got[1])
+            answers[answer.get("worker", "")] = answer
+    missing = [{"worker": w, "host": info.get("host", ""), "pid": info.get("pid")}
+               for w, info in sorted(expected.items()) if w not in answers]
+    return {"stamp": stamp, "answers": [answers[w] for w in sorted(answers)], "missing": missing}

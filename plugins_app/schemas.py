@@ -358,6 +358,40 @@ class BenchmarkOut(Open):
     hooks: list[BenchmarkHookOut]
 
 
+class PrewarmPluginOut(Open):
+    plugin: str
+    runtime: str
+    warmed: list[str]  # hooks whose zygote this worker confirmed running
+    skipped: dict[str, str]  # hook -> why there is nothing to warm (another runtime, warm_start = false ...)
+    failed: dict[str, str]  # hook -> why it could not be warmed
+    zygotes: int
+    bundle: str = ""  # the pinned bundle fetched (hash prefix), "" without pinning
+
+
+class PrewarmWorkerOut(Open):
+    worker: str
+    host: str
+    pid: int | None
+    ok: bool
+    error: str
+    plugins: list[PrewarmPluginOut]
+    zygote_pids: list[int]
+    elapsed_ms: float | None
+
+
+class PrewarmMissingOut(Open):
+    worker: str
+    host: str
+    pid: int | None
+
+
+class PrewarmOut(Open):
+    plugins: list[str]
+    workers: list[PrewarmWorkerOut]  # what each worker that answered confirmed
+    missing: list[PrewarmMissingOut]  # workers that heartbeat but did not answer in time: nothing is claimed for them
+    warmed_everywhere: bool
+
+
 class UpdateCheckOut(Open):
     plugin: str
     installed_version: str

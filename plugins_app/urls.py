@@ -30,6 +30,7 @@ urlpatterns = [
     path("install/registry/install/", parity_views.registry_install, name="parity_registry_install"),
     path("engine/extras/", parity_views.engine_extras, name="parity_engine"),
     path("plugins/<str:name>/benchmark/", parity_views.benchmark, name="parity_benchmark"),
+    path("plugins/<str:name>/prewarm/", parity_views.prewarm, name="parity_prewarm"),
     path("plugins/<str:name>/export.tar.gz", parity_views.export, name="parity_export"),
     path("plugins/<str:name>/update-check/", parity_views.update_check, name="parity_update_check"),
     path("plugins/<str:name>/state/", parity_views.state, name="parity_state"),

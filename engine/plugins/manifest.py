@@ -126,6 +126,9 @@ class Manifest(BaseModel):
     i18n: dict[str, I18nEntry] = Field(default_factory=dict)
     needs: list[str] = Field(default_factory=list)
     wasm: dict[str, Any] = Field(default_factory=dict)  # [wasm] capabilities of runtime "wasm" (engine/wasm/)
+    # Ours (docs/scale-out.md): "agent" sends all of one agent's jobs to one live worker host, for plugins that keep
+    # per-agent state on disk; "none" lets any worker take any job.
+    affinity: Literal["none", "agent"] = "none"
 
     @property
     def wasm_capabilities(self) -> tuple[str, ...]:

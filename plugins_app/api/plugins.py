@@ -1,9 +1,10 @@
 """Plugin management routes, with LibreFang's paths and shapes.
 
 Roles (LibreFang #6631): owner for anything that runs or writes plugin code (scaffold, install, install-with-deps,
-update, install-deps, reload, enable, test-hook, benchmark, batch, and PUT env / advanced-config: an environment
-variable such as LD_PRELOAD or a sandbox switch changes what code runs and with what reach); admin for shutting a bad
-plugin off or cleaning up after it (disable, uninstall, DELETE state) and for export (plugin.toml's [env] may hold
+update, install-deps, reload, enable, test-hook, benchmark, batch, prewarm: it starts interpreters and fetches
+bundles on every worker, and PUT env / advanced-config: an environment variable such as LD_PRELOAD or a sandbox
+switch changes what code runs and with what reach); admin for shutting a bad plugin off or cleaning up after it
+(disable, uninstall, DELETE state) and for export (plugin.toml's [env] may hold
 API keys, which GET env masks); viewer reads.
 """
 
@@ -42,6 +43,7 @@ from plugins_app.schemas import (
     PluginOut,
     PluginStateOut,
     PluginStatusOut,
+    PrewarmOut,
     RegistriesOut,
     RegistrySearchOut,
     ReloadOut,
@@ -64,6 +66,7 @@ from plugins_app.services import audit
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
+from plugins_app.services import prewarm as prewarm_service
 from plugins_app.services.engine import get_engine
 
 router = Router(tags=["plugins"])
@@ -138,6 +141,14 @@ def install_with_deps(request, body: InstallWithDepsIn):
 def batch(request, body: BatchIn):
     """enable, disable or reload several plugins; one result per plugin (a failure does not stop the others)."""
     return json_response(plugin_service.batch(body.operation, body.plugins, actor=actor(request)))
+
+
+@router.post("/prewarm", auth=OWNER, response={200: PrewarmOut, **E, 503: ErrorEnvelope},
+             operation_id="plugins_prewarm")
+async def prewarm_all(request):
+    """Every live worker starts the warm-start zygotes of every enabled plugin's python hooks and fetches their
+    pinned bundles; the answer says what each worker confirmed within a few seconds, and which did not answer."""
+    return json_response(await prewarm_service.prewarm(None, actor(request)))
 
 
 @router.get("/registry/search", auth=VIEWER, response={200: RegistrySearchOut, **E, 502: ErrorEnvelope},
@@ -294,6 +305,13 @@ async def benchmark(request, name: str = PluginPath):
     if body.hook and body.input is not None:
         validated(body.hook, body.input)
     return json_response(await benchmark_service.benchmark(name, body.hook, body.input, body.runs, actor(request)))
+
+
+@router.post("/{name}/prewarm", auth=OWNER, response={200: PrewarmOut, **E, 503: ErrorEnvelope},
+             operation_id="plugins_prewarm_one")
+async def prewarm_one(request, name: str = PluginPath):
+    """POST /plugins/prewarm for one plugin (404 when not installed, 409 when disabled)."""
+    return json_response(await prewarm_service.prewarm(name, actor(request)))
 
 
 @router.get("/{name}/export", auth=ADMIN, response={200: bytes, **E}, operation_id="plugins_export",

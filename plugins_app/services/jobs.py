@@ -1,9 +1,18 @@
-"""What a worker does with one job from the bus. Kept as plain functions so tests can call them directly."""
+"""What a worker does with one job from the bus. Kept as plain functions so tests can call them directly.
+
+The reply goes out as soon as the hook has answered; the outcome (a JobRecord row, then XACK + XDEL) comes after
+it, either on the job's thread or, in the worker, through the OutcomeWriter: one thread that stores the outcomes of
+whatever jobs finished meanwhile in one INSERT and acks them in one Redis round trip (bench/worker_bookkeeping.py
+has the numbers). Either way a job is acked only once its outcome is stored: a crash in between leaves it pending,
+and its redelivery finds the JobRecord.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
 
 from django.db import IntegrityError, close_old_connections
@@ -24,32 +33,32 @@ MAX_DELIVERIES = 5
 REJECTED = "rejected"
 
 
-def process(job: Job, stream: JobStream) -> str:
-    """Run a job, reply if asked, store its outcome, then XACK. Returns the outcome state."""
+def process(job: Job, stream: JobStream, outcomes: OutcomeWriter | None = None) -> str:
+    """Run a job, reply if asked, store its outcome, then XACK (through `outcomes` when given). Returns the outcome
+    state."""
     close_old_connections()
     if not job.signed:
         # Anything on the stream we did not sign (forged by whoever reached Redis, or tampered with) never runs.
         return _reject(job, stream, "signature missing or invalid")
     if job.deliveries > MAX_DELIVERIES and not JobRecord.objects.filter(job_id=job.id).exists():
-        _store(job, JobRecord.State.FAILED, "", f"gave up after {job.deliveries - 1} deliveries", stream)
-        stream.ack(job)
-        return JobRecord.State.FAILED
+        return finish(job, stream, JobRecord.State.FAILED, "", f"gave up after {job.deliveries - 1} deliveries",
+                      outcomes)
     if job.deliveries > 1 and JobRecord.objects.filter(job_id=job.id).exists():
         # Delivered again after a crash between storing the outcome and XACK: the work is already done.
         # (A first delivery cannot have been processed before, so it skips this query on the hot path.)
         stream.ack(job)
         return "duplicate"
     if job.expired:
-        _store(job, JobRecord.State.EXPIRED, "", "deadline passed before a worker picked the job up", stream)
-        stream.ack(job)
-        return JobRecord.State.EXPIRED
+        return finish(job, stream, JobRecord.State.EXPIRED, "", "deadline passed before a worker picked the job up",
+                      outcomes)
     try:
         engine = engine_for_job(job.bundles, job.engine_config)
     except BundleError as exc:  # the version the job names cannot be fetched: never run another one instead
-        return _fail(job, stream, job.plugin, str(exc))
+        return _fail(job, stream, job.plugin, str(exc), outcomes)
     if job.plugin and job.kind in PLUGIN_HOOK_KINDS and not _plugin_enabled(engine, job.plugin):
         # Checked here, at run time, whoever queued the job: a disabled plugin's code never runs.
-        return _refuse_disabled(job, stream)
+        return _fail(job, stream, job.plugin,
+                     f"{P.PLUGIN_DISABLED}: plugin {job.plugin!r} is disabled or not installed", outcomes)
     try:
         if job.kind == "test_hook":
             attempt = engine.test_hook(job.plugin, job.hook, job.request or {})
@@ -84,14 +93,10 @@ def process(job: Job, stream: JobStream) -> str:
         log.exception("job %s (%s) failed", job.id, job.hook)
         if job.wants_reply:
             stream.reply(job, {"_engine_error": f"{type(exc).__name__}: {exc}"})
-        _store(job, JobRecord.State.FAILED, "", f"{type(exc).__name__}: {exc}", stream)
-        stream.ack(job)
-        return JobRecord.State.FAILED
+        return finish(job, stream, JobRecord.State.FAILED, "", f"{type(exc).__name__}: {exc}", outcomes)
     if job.wants_reply:
         stream.reply(job, payload)
-    _store(job, JobRecord.State.DONE, source, reason, stream)
-    stream.ack(job)
-    return JobRecord.State.DONE
+    return finish(job, stream, JobRecord.State.DONE, source, reason, outcomes)
 
 
 PLUGIN_HOOK_KINDS = ("hook", "test_hook")
@@ -102,17 +107,22 @@ def _plugin_enabled(engine, name: str) -> bool:
     return catalog.exists(name) and bool(catalog.get(name).enabled)
 
 
-def _refuse_disabled(job: Job, stream: JobStream) -> str:
-    return _fail(job, stream, job.plugin, f"{P.PLUGIN_DISABLED}: plugin {job.plugin!r} is disabled or not installed")
-
-
-def _fail(job: Job, stream: JobStream, source: str, reason: str) -> str:
+def _fail(job: Job, stream: JobStream, source: str, reason: str, outcomes: OutcomeWriter | None) -> str:
     log.warning("job %s (%s) refused: %s", job.id, job.hook, reason)
     if job.wants_reply:
         stream.reply(job, {"_engine_error": reason})
-    _store(job, JobRecord.State.FAILED, source, reason, stream)
-    stream.ack(job)
-    return JobRecord.State.FAILED
+    return finish(job, stream, JobRecord.State.FAILED, source, reason, outcomes)
+
+
+def finish(job: Job, stream: JobStream, state: str, source: str, reason: str,
+           outcomes: OutcomeWriter | None = None) -> str:
+    """Store the job's outcome, then ack it: here, or handed to the outcome writer."""
+    if outcomes is not None:
+        outcomes.put(_record(job, state, source, reason, stream), job)
+    else:
+        _store(job, state, source, reason, stream)
+        stream.ack(job)
+    return state
 
 
 def _reject(job: Job, stream: JobStream, why: str) -> str:
@@ -126,11 +136,15 @@ def _reject(job: Job, stream: JobStream, why: str) -> str:
     return REJECTED
 
 
+def _record(job: Job, state: str, source: str, reason: str, stream: JobStream) -> JobRecord:
+    return JobRecord(job_id=job.id, hook=job.hook, state=state, source=source[:300], fallback_reason=reason,
+                     deliveries=job.deliveries, worker=stream.consumer)
+
+
 def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) -> None:
     for attempt in range(5):
         try:
-            JobRecord.objects.create(job_id=job.id, hook=job.hook, state=state, source=source[:300],
-                                     fallback_reason=reason, deliveries=job.deliveries, worker=stream.consumer)
+            _record(job, state, source, reason, stream).save(force_insert=True)
             return
         except IntegrityError:
             return
@@ -138,6 +152,64 @@ def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) ->
             if attempt == 4:
                 raise
             time.sleep(0.05 * (attempt + 1))
+
+
+class OutcomeWriter:
+    """The worker's outcome thread: stores the JobRecords of the jobs finished since its last round in one INSERT
+    and acks those jobs in one Redis round trip (plugins_app/bus.py JobStream.ack_many). A bounded queue: when the
+    database is slower than the hooks, job threads wait here instead of piling outcomes up in memory."""
+
+    QUEUE_MAX = 1000
+    BATCH_MAX = 500
+
+    def __init__(self, stream: JobStream):
+        self.stream = stream
+        self._q: queue.Queue[tuple[JobRecord, Job] | None] = queue.Queue(maxsize=self.QUEUE_MAX)
+        self._thread = threading.Thread(target=self._run, name="job-outcomes", daemon=True)
+        self._thread.start()
+
+    def put(self, record: JobRecord, job: Job) -> None:
+        self._q.put((record, job))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Store and ack everything queued so far, then stop."""
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            batch, stopping = [], item is None
+            if item is not None:
+                batch.append(item)
+            while not stopping and len(batch) < self.BATCH_MAX:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                else:
+                    batch.append(item)
+            if batch:
+                self._write(batch)
+            if stopping:
+                return
+
+    def _write(self, batch: list[tuple[JobRecord, Job]]) -> None:
+        for attempt in range(5):
+            try:
+                close_old_connections()
+                JobRecord.objects.bulk_create([r for r, _ in batch], ignore_conflicts=True)
+                break
+            except Exception:
+                if attempt == 4:  # not stored: not acked either; the jobs are redelivered and run again
+                    log.exception("outcomes of %d job(s) not stored; they stay pending", len(batch))
+                    for _, job in batch:
+                        self.stream.release(job)
+                    return
+                time.sleep(0.05 * (attempt + 1))
+        self.stream.ack_many([job for _, job in batch])
 
 
 @contextlib.contextmanager

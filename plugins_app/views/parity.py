@@ -1,4 +1,4 @@
-"""Dashboard controls for LibreFang's extra plugin routes (benchmark, export, update-check, state, env, advanced
+"""Dashboard controls for LibreFang's extra plugin routes (benchmark, prewarm, export, update-check, state, env, advanced
 config, batch, registry browser, per-agent metrics, sandbox policy). Thin: each calls the same service or selector
 as its API route (plugins_app/api/plugins.py, plugins_app/api/context_engine_extra.py) and checks the same role
 through plugins_app.auth.ACTION_ROLES (keyed by the route's operation id)."""
@@ -20,6 +20,7 @@ from plugins_app.selectors import registries as registry_selectors
 from plugins_app.selectors import state as state_selectors
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import plugins as plugin_service
+from plugins_app.services import prewarm as prewarm_service
 from plugins_app.views.roles import actor, role_required
 
 # The dashboard keeps a benchmark short: it holds an htmx request open while the worker runs every call.
@@ -61,6 +62,22 @@ async def benchmark(request, name: str):
     except plugin_service.PluginError as exc:
         return await arender(request, P + "parity_benchmark_result.html", {"error": _error(exc)})
     return await arender(request, P + "parity_benchmark_result.html", {"result": result})
+
+
+@login_required
+@role_required("plugins_prewarm_one")
+async def prewarm(request, name: str):
+    """Warm this plugin on every live worker (the API's prewarm service); one row per worker, with what it
+    confirmed, and the workers that did not answer."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    arender = sync_to_async(render)
+    try:
+        who = f"user:{(await request.auser()).get_username()}"
+        result = await prewarm_service.prewarm(name, who)
+    except plugin_service.PluginError as exc:
+        return await arender(request, P + "parity_prewarm_result.html", {"error": _error(exc)})
+    return await arender(request, P + "parity_prewarm_result.html", {"result": result})
 
 
 @login_required

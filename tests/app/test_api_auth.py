@@ -33,6 +33,8 @@ ROUTES = [
     ("POST", f"/plugins/{NOPE}/test-hook", OWNER, {"hook": "ingest", "input": {"agent_id": "a", "message": "m"}},
      404),
     ("POST", f"/plugins/{NOPE}/benchmark", OWNER, {"hook": "ingest", "runs": 1}, 404),
+    ("POST", "/plugins/prewarm", OWNER, None, 200),
+    ("POST", f"/plugins/{NOPE}/prewarm", OWNER, None, 404),
     ("GET", f"/plugins/{NOPE}/export", ADMIN, None, 404),
     ("GET", f"/plugins/{NOPE}/update-check", VIEWER, None, 404),
     ("GET", f"/plugins/{NOPE}/state", VIEWER, None, 404),

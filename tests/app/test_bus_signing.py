@@ -123,7 +123,7 @@ def test_it_retries_an_ack_kept_while_redis_was_unreachable(stream, marker):
     stream.r = bus.redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens there
     try:
         assert jobs.process(job, stream) == JobRecord.State.DONE  # finished while Redis is "down"
-        assert stream.deferred_count() == 1 and job.entry_id in stream.holding
+        assert stream.deferred_count() == 1 and job.key in stream.holding
         with pytest.raises(bus.REDIS_DOWN):
             stream.flush_deferred()
         assert stream.deferred_count() == 1

@@ -5,6 +5,7 @@ the bundle versions to run (plugins_app/services/bundles.py) and each worker fet
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -194,3 +195,92 @@ def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
     assert status == 200, body
     after = [ingest(cluster, i) for i in range(6)]
     assert all(m.startswith("default:") and "not installed" in m for m in after), after
+
+
+AFTER_TURN_MARK = textwrap.dedent("""
+    import json, os, sys
+    req = json.loads(sys.stdin.read())
+    with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "ran.log"), "a") as fh:
+        fh.write(req["agent_id"] + "|" + req["messages"][0]["content"] + "\\n")
+    print(json.dumps({"type": "ok"}))
+""").lstrip()
+
+
+def test_prewarm_then_agent_affinity_across_two_worker_hosts(cluster):
+    name = f"sticky-{uuid.uuid4().hex[:6]}"
+    status, body = cluster.request("POST", "/api/plugins/scaffold",
+                                   {"name": name, "runtime": "python", "hooks": ["ingest", "after_turn"]})
+    assert status == 201, body
+    pdir = cluster.home / "plugins" / name
+    (pdir / "hooks" / "ingest.py").write_text(ingest_hook("v1"))
+    (pdir / "hooks" / "after_turn.py").write_text(AFTER_TURN_MARK)
+    toml = pdir / "plugin.toml"
+    toml.write_text('affinity = "agent"\n' + toml.read_text())  # top level: before any table
+    assert cluster.request("POST", f"/api/plugins/{name}/reload")[0] == 200
+    assert cluster.request("PUT", "/api/context-engine/config", {"plugin": name})[0] == 200
+
+    def heartbeats() -> dict[int, dict]:
+        return {w["pid"]: w for w in cluster.request("GET", "/api/health", auth=False)[1]["workers"]}
+
+    # prewarm, before any call: each worker confirms, its zygote runs (a child of the worker, in /proc) and the
+    # pinned bundle is in its own cache
+    assert all(not w.get("zygote_pids") for w in heartbeats().values())
+    status, body = cluster.request("POST", f"/api/v1/plugins/{name}/prewarm")
+    assert status == 200, body
+    assert body["warmed_everywhere"] is True and body["missing"] == [], body
+    assert {w["pid"] for w in body["workers"]} == set(cluster.worker_homes)
+    for w in body["workers"]:
+        (p,) = w["plugins"]
+        assert sorted(p["warmed"]) == ["after_turn", "ingest"] and p["bundle"], w
+        (zygote,) = w["zygote_pids"]
+        stat = Path(f"/proc/{zygote}/stat").read_text()
+        assert int(stat.rsplit(")", 1)[1].split()[1]) == w["pid"]  # its parent is that worker
+        assert any((cluster.worker_homes[w["pid"]] / "bundles").iterdir())
+    assert wait_until(lambda: all(w.get("zygote_pids") for w in heartbeats().values()), 10), heartbeats()
+
+    # affinity: every call of one agent, ingest and after_turn, runs on one worker host
+    agents = [f"agent-{i}" for i in range(4)]
+    homes: dict[str, set[Path]] = {a: set() for a in agents}
+    for round_ in range(4):
+        for a in agents:
+            status, body = cluster.hook("ingest", {"agent_id": a, "message": f"m{round_}", "peer_id": None})
+            assert status == 200, body
+            (marker,) = [m["content"] for m in body["memories"] if m["content"].startswith("v1|")]
+            homes[a].add(worker_of(cluster, marker))
+            status, body = cluster.hook("after_turn", {"agent_id": a, "messages": [
+                {"role": "user", "content": f"turn-{round_}"}]})
+            assert status == 202, body
+
+    def ran(home: Path) -> list[str]:
+        log = home / "plugin_data" / name / "ran.log"
+        return log.read_text().split() if log.exists() else []
+
+    all_homes = list(cluster.worker_homes.values())
+    assert wait_until(lambda: sum(len(ran(h)) for h in all_homes) >= 16, 30)
+    for a in agents:
+        assert len(homes[a]) == 1, homes
+        (home,) = homes[a]
+        assert sorted(x for x in ran(home) if x.startswith(a + "|")) == [f"{a}|turn-{r}" for r in range(4)]
+        assert not [x for h in all_homes if h != home for x in ran(h) if x.startswith(a + "|")]
+
+    # its host dies: the agent's later calls, and the after_turn jobs queued while it was dying, go to the other
+    target = agents[0]
+    (victim_home,) = homes[target]
+    victim = next(p for p in cluster.workers if cluster.worker_homes[p.pid] == victim_home)
+    survivor_home = next(h for h in all_homes if h != victim_home)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    cluster.workers.remove(victim)
+    for i in range(3):  # the web tier still sees the dead host's heartbeat for a few seconds: queued there
+        assert cluster.hook("after_turn", {"agent_id": target, "messages": [
+            {"role": "user", "content": f"late-{i}"}]})[0] == 202
+    assert wait_until(lambda: set(heartbeats()) == {p.pid for p in cluster.workers}, 20), heartbeats()
+    for i in range(3):
+        status, body = cluster.hook("ingest", {"agent_id": target, "message": f"after-{i}", "peer_id": None})
+        (marker,) = [m["content"] for m in body["memories"] if m["content"].startswith("v1|")]
+        assert worker_of(cluster, marker) == survivor_home
+    assert wait_until(lambda: {f"{target}|late-{i}" for i in range(3)} <= set(ran(survivor_home)), 60), \
+        ran(survivor_home)
+    # they were in the dead host's stream: the survivor moved them (plugins_app/bus.py, rehome_dead_hosts)
+    moved = re.findall(r"moved (\d+) job\(s\) of worker hosts", (cluster.logs / f"{survivor_home.name}.log").read_text())
+    assert sum(int(n) for n in moved) >= 3, moved

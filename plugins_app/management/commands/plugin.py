@@ -1,5 +1,5 @@
 """`librefang plugin list|show|scaffold|reload|enable|disable|doctor|lint|install|uninstall|update|install-deps|
-test-hook|use|export|state|benchmark|registry-search|update-check` against the local installation ($LIBREFANG_HOME
+test-hook|use|export|state|benchmark|prewarm|registry-search|update-check` against the local installation ($LIBREFANG_HOME
 and the service database).
 
 Exit codes: 0 ok; 1 the check or hook failed (lint errors, doctor problems, failed test-hook); 2 invalid input;
@@ -83,6 +83,10 @@ class Command(BaseCommand):
         b = add("benchmark", "run each hook N times and print p50/p95")
         b.add_argument("--hook", choices=H.ALL_HOOKS, help="only this hook")
         b.add_argument("--runs", type=int, default=5, help="runs per hook (1-50, default 5)")
+        pw = add("prewarm", "start the warm zygotes and fetch the bundles of one plugin (default: every enabled "
+                            "plugin) on every live worker", plugin=False)
+        pw.add_argument("name", nargs="?", default=None)
+        pw.add_argument("--wait", type=float, default=None, help="seconds to wait for the workers' answers")
         rs = add("registry-search", "search a registry's plugins", plugin=False)
         rs.add_argument("query", nargs="?", default="")
         rs.add_argument("--registry", help="registry (default: the first configured)")
@@ -290,6 +294,16 @@ class Command(BaseCommand):
         if any(h["errors"] for h in r["hooks"]):
             sys.exit(1)
 
+    def _prewarm(self, name=None, wait=None, **_):
+        from asgiref.sync import async_to_sync
+
+        from plugins_app.services import prewarm as prewarm_service
+
+        r = async_to_sync(prewarm_service.prewarm)(name, _actor(), wait)
+        self.out(r, "\n".join(prewarm_lines(r)))
+        if not r["warmed_everywhere"]:
+            sys.exit(1)
+
     def _registry_search(self, query="", registry=None, **_):
         from plugins_app.selectors import registries
 
@@ -315,6 +329,27 @@ class Command(BaseCommand):
         if not isinstance(data, dict):
             raise CommandError("--input must be a JSON object", returncode=2)
         return data
+
+
+def prewarm_lines(r: dict) -> list[str]:
+    """One line per worker and plugin: what the worker confirmed, and the workers that did not answer."""
+    lines = [f"prewarm {', '.join(r['plugins']) or '(no enabled plugin)'}: {len(r['workers'])} worker(s) answered, "
+             f"{len(r['missing'])} did not"]
+    if not r["workers"] and not r["missing"]:
+        lines.append("  no live worker: nothing was warmed")
+    for w in r["workers"]:
+        head = f"  {w['host']} pid {w['pid']} ({w['worker']})"
+        if w["error"]:
+            lines.append(f"{head}: error: {w['error']}")
+            continue
+        lines.append(f"{head}: zygotes {w['zygote_pids'] or 'none'}")
+        for p in w["plugins"]:
+            parts = [f"warmed {', '.join(p['warmed'])}" if p["warmed"] else "nothing warmed"]
+            parts += [f"{h}: {why}" for h, why in {**p["skipped"], **p["failed"]}.items()]
+            lines.append(f"    {p['plugin']}: " + "; ".join(parts))
+    for m in r["missing"]:
+        lines.append(f"  {m['host']} pid {m['pid']} ({m['worker']}): no answer, not warmed")
+    return lines
 
 
 def _ms(v) -> str:

@@ -1,7 +1,9 @@
 """`librefang worker`: consume hook jobs from the Redis Stream and run them through the engine.
 
-A thin loop around plain functions (services.jobs.process): read up to `concurrency` jobs, run each on a thread,
-heartbeat so other workers know we are alive, and claim the pending jobs of workers that died.
+The loop itself is plugins_app/services/worker_loop.py (read_once, reclaim_once, cycle); this command adds the
+heartbeat thread (so other workers know we are alive, and which host we are for agent affinity) and the control
+thread (prewarm requests, plugins_app/services/prewarm.py). `--once` runs one reclaim + read cycle, waits for the
+jobs it started and exits.
 
 Redis may go away at any moment: every step here survives it. A failed read gives its slots back, the loop waits
 with a capped backoff (0.1 s doubling to 2 s) and resumes by itself; replies and acks of jobs finished meanwhile are
@@ -10,7 +12,6 @@ kept and sent when Redis is back (plugins_app/bus.py, JobStream.flush_deferred).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import signal
@@ -18,38 +19,20 @@ import socket
 import threading
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from engine import warmstart
 from engine.plugins.bundles import cache_usage
 from plugins_app import events
-from plugins_app.bus import REDIS_DOWN, JobStream
-from plugins_app.services import bundles, jobs
+from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
+from plugins_app.services import bundles, prewarm
 from plugins_app.services.engine import get_engine, invocation_sink
+from plugins_app.services.worker_loop import Backoff, WorkerLoop
 
 log = logging.getLogger("librefang.worker")
-RECLAIM_EVERY_SECS = 5.0
 HEARTBEAT_EVERY_SECS = 2.0
-BACKOFF_FIRST_SECS = 0.1
-BACKOFF_MAX_SECS = 2.0
-
-
-class Backoff:
-    """Capped exponential backoff that logs once per outage, not once per attempt."""
-
-    def __init__(self, what: str):
-        self.what = what
-        self.delay = 0.0
-
-    def failed(self, exc: BaseException) -> float:
-        if not self.delay:
-            log.warning("%s: Redis unreachable (%s: %s); retrying", self.what, type(exc).__name__, exc)
-        self.delay = min(BACKOFF_MAX_SECS, self.delay * 2 or BACKOFF_FIRST_SECS)
-        return self.delay
-
-    def ok(self) -> None:
-        if self.delay:
-            log.warning("%s: Redis is back", self.what)
-        self.delay = 0.0
+CONTROL_BLOCK_MS = 1000
 
 
 def _load_average() -> list[float]:
@@ -90,119 +73,83 @@ class Command(BaseCommand):
                             default=int(os.environ.get("LIBREFANG_WORKER_CONCURRENCY", "16")),
                             help="jobs run at the same time (default 16, env LIBREFANG_WORKER_CONCURRENCY)")
         parser.add_argument("--name", default=None, help="consumer name (default host-pid-random)")
+        parser.add_argument("--once", action="store_true",
+                            help="run one reclaim + read cycle, wait for the jobs it started, and exit")
 
-    def handle(self, *args, concurrency: int, name: str | None, **options):
-        stream = JobStream(consumer=name)
-        stop = threading.Event()
-        stats = {"processed": 0, "inflight": 0, "started_at": time.time(), "last_read_at": None}
-        lock = threading.Lock()
+    def handle(self, *args, concurrency: int, name: str | None, once: bool = False, **options):
+        stream = JobStream(consumer=name, host=worker_host_id(settings.LIBREFANG_HOME))
+        loop = WorkerLoop(stream, concurrency)
 
         def on_signal(signum, frame):
-            stop.set()
+            loop.stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-        bundle_cache = _BundleCacheUsage()
-
-        def beat() -> None:
-            backoff = Backoff("heartbeat")
-            while not stop.is_set():
-                try:
-                    with lock:
-                        info = dict(stats)
-                    stream.heartbeat({"pid": os.getpid(), "host": socket.gethostname(), **info,
-                                      "concurrency": concurrency, "deferred": stream.deferred_count(),
-                                      "load": _load_average(), "bundle_cache": bundle_cache.usage()})
-                    backoff.ok()
-                    stop.wait(HEARTBEAT_EVERY_SECS)
-                except REDIS_DOWN as exc:
-                    stop.wait(backoff.failed(exc))
-                except Exception:
-                    log.warning("heartbeat failed", exc_info=True)
-                    stop.wait(HEARTBEAT_EVERY_SECS)
-
         get_engine()  # build caches before the first job
-        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-        slots = threading.BoundedSemaphore(concurrency)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="job")
-
-        def run(job) -> None:
-            try:
-                jobs.process(job, stream)
-            except Exception:
-                log.exception("job %s crashed; it stays pending and will be retried", job.id)
-                stream.release(job)
-            finally:
-                with lock:
-                    stats["inflight"] -= 1
-                    stats["processed"] += 1
-                slots.release()
-
-        def submit(job) -> None:
-            with lock:
-                stats["inflight"] += 1
-            pool.submit(run, job)
-
-        def acquire_slot() -> bool:
-            while not slots.acquire(timeout=0.5):
-                if stop.is_set():
-                    return False
-            return True
-
-        self.stdout.write(f"worker {stream.consumer} ready (concurrency {concurrency})")
+        threading.Thread(target=self._beat, args=(loop, concurrency), name="heartbeat", daemon=True).start()
+        if not once:
+            threading.Thread(target=self._control, args=(loop,), name="control", daemon=True).start()
+        self.stdout.write(f"worker {stream.consumer} ready (concurrency {concurrency}, host {stream.host})")
         self.stdout.flush()
-        backoff = Backoff("worker loop")
-        last_reclaim = 0.0
-        group_ready = False
-        while not stop.is_set():
+        if once:
+            started = 0
             try:
-                if not group_ready:
-                    stream.ensure_group()
-                    group_ready = True
-                stream.flush_deferred()
-                if time.monotonic() - last_reclaim > RECLAIM_EVERY_SECS:
-                    claimed = stream.reclaim()
-                    last_reclaim = time.monotonic()
-                    if claimed:
-                        log.warning("took up %d pending job(s) (dead workers or lost deliveries)", len(claimed))
-                    for job in claimed:
-                        if acquire_slot():
-                            submit(job)
-                        else:
-                            stream.release(job)  # stopping: left pending for another worker
-                if not slots.acquire(timeout=0.5):
-                    continue
-                free = 1
-                while free < concurrency and slots.acquire(blocking=False):
-                    free += 1
-                try:
-                    batch = stream.read(count=free, block_ms=1000)
-                except BaseException:
-                    for _ in range(free):  # give every slot back, or the worker wedges for good
-                        slots.release()
-                    raise
-                with lock:
-                    stats["last_read_at"] = time.time()
-                for _ in range(free - len(batch)):
-                    slots.release()
-                for job in batch:
-                    submit(job)
-                backoff.ok()
+                loop.prepare()
+                started = loop.reclaim_once() + loop.read_once(block_ms=1000)
             except REDIS_DOWN as exc:
-                stop.wait(backoff.failed(exc))
-            except Exception as exc:
-                log.exception("worker loop error")
-                stop.wait(backoff.failed(exc))
-        self.stdout.write("worker stopping: finishing jobs in flight")
-        pool.shutdown(wait=True)
-        try:
-            stream.flush_deferred()
-        except REDIS_DOWN:
-            log.warning("Redis unreachable at shutdown: %d outcome(s) left for redelivery", stream.deferred_count())
+                log.warning("worker --once: Redis unreachable (%s)", exc)
+            self.stdout.write(f"worker --once: {started} job(s) started")
+        else:
+            loop.run()
+            self.stdout.write("worker stopping: finishing jobs in flight")
+        loop.finish()
+        loop.stop.set()
         invocation_sink().flush()
         events.publisher().flush()
         try:
             stream.retire()
         except REDIS_DOWN:
             pass
+
+    @staticmethod
+    def _beat(loop: WorkerLoop, concurrency: int) -> None:
+        stream, bundle_cache = loop.stream, _BundleCacheUsage()
+        backoff = Backoff("heartbeat")
+        while not loop.stop.is_set():
+            try:
+                stream.heartbeat({"pid": os.getpid(), "host": socket.gethostname(), **loop.snapshot(),
+                                  "concurrency": concurrency, "deferred": stream.deferred_count(),
+                                  "load": _load_average(), "bundle_cache": bundle_cache.usage(),
+                                  "zygote_pids": warmstart.zygote_pids()})
+                backoff.ok()
+                loop.stop.wait(HEARTBEAT_EVERY_SECS)
+            except REDIS_DOWN as exc:
+                loop.stop.wait(backoff.failed(exc))
+            except Exception:
+                log.warning("heartbeat failed", exc_info=True)
+                loop.stop.wait(HEARTBEAT_EVERY_SECS)
+
+    @staticmethod
+    def _control(loop: WorkerLoop) -> None:
+        """Prewarm requests: every worker reads every request posted after it started, warms, answers."""
+        stream = loop.stream
+        backoff = Backoff("control")
+        cursor = None
+        while not loop.stop.is_set():
+            try:
+                if cursor is None:
+                    cursor = stream.control_cursor()
+                cursor, entries = stream.read_control(cursor, CONTROL_BLOCK_MS)
+                backoff.ok()
+                for fields in entries:
+                    if fields.get("kind") == "prewarm" and fields.get("stamp"):
+                        started = time.monotonic()
+                        answer = prewarm.warm_here(fields)
+                        log.info("prewarm %s: %.0f ms", fields["stamp"][:8], (time.monotonic() - started) * 1000)
+                        stream.answer_prewarm(fields["stamp"], answer)
+            except REDIS_DOWN as exc:
+                loop.stop.wait(backoff.failed(exc))
+            except Exception:
+                log.warning("control read failed", exc_info=True)
+                loop.stop.wait(HEARTBEAT_EVERY_SECS)

@@ -1,0 +1,115 @@
+"""Prewarm (LibreFang's `POST /plugins/prewarm` and `/plugins/{name}/prewarm`): every live worker starts the
+warm-start zygotes of the plugins' python hooks and fetches their pinned bundles, so the next call pays neither.
+
+The web tier posts one request on the bus's control stream (plugins_app/bus.py); each worker's control thread
+(plugins_app/management/commands/worker.py) runs `warm_here` and answers; the route reports per worker what it
+confirmed, and lists the workers that heartbeat but did not answer in time. Nothing is reported warmed that a worker
+did not confirm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+
+from engine import warmstart
+from engine.bundles import BundleError
+from engine.prewarm import warm_plugin
+from plugins_app import bus
+from plugins_app.services import audit
+from plugins_app.services.bundles import PinsUnavailable, job_pins
+from plugins_app.services.engine import engine_for_job, get_engine, home
+from plugins_app.services.plugins import PluginError
+
+WAIT_SECS = 10.0
+
+
+# ---- web tier ----
+
+def _targets(name: str | None, pins: dict[str, str] | None) -> list[str]:
+    catalog = get_engine().catalog
+    if name is None:
+        if pins is not None:
+            return sorted(pins)
+        return [n for n in catalog.names() if catalog.get(n).enabled]
+    if not catalog.exists(name) and (pins is None or name not in pins):
+        raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
+    if (pins is not None and name not in pins) or (pins is None and not catalog.get(name).enabled):
+        raise PluginError("plugin_disabled", f"plugin {name!r} is disabled: its hooks do not run", 409)
+    return [name]
+
+
+def _pins() -> tuple[dict[str, str], str] | None:
+    try:
+        return job_pins()
+    except PinsUnavailable as exc:
+        raise PluginError("unavailable", str(exc), 503) from exc
+
+
+async def prewarm(name: str | None, actor: str, wait_secs: float | None = None) -> dict[str, Any]:
+    """Warm `name` (or every enabled plugin) on every live worker; what each worker confirmed within `wait_secs`
+    (default WAIT_SECS)."""
+    wait_secs = WAIT_SECS if wait_secs is None else wait_secs
+    pins = await sync_to_async(_pins)()
+    names = await sync_to_async(_targets)(name, pins[0] if pins else None)
+    if pins is not None:
+        pins = ({n: h for n, h in pins[0].items() if n in names}, pins[1])
+    try:
+        raw = await bus.prewarm(names, wait_secs, pins)
+    except bus.BusUnavailable as exc:
+        raise PluginError("unavailable", f"cannot reach the workers: {exc}", 503) from exc
+    workers = [_worker_report(a, names) for a in raw["answers"]]
+    result = {
+        "plugins": names,
+        "workers": workers,
+        "missing": raw["missing"],
+        "warmed_everywhere": bool(workers) and not raw["missing"] and all(w["ok"] for w in workers),
+    }
+    await sync_to_async(audit.record)(actor, "plugin.prewarm", name or "*", ok=result["warmed_everywhere"],
+                                      details={"plugins": names, "workers": len(workers),
+                                               "missing": [m["worker"] for m in raw["missing"]]})
+    return result
+
+
+def _worker_report(answer: dict, names: list[str]) -> dict[str, Any]:
+    plugins = answer.get("plugins") or []
+    ok = not answer.get("error") and all(not p.get("failed") for p in plugins)
+    return {"worker": answer.get("worker", ""), "host": answer.get("host", ""), "pid": answer.get("pid"),
+            "ok": ok, "error": answer.get("error", ""), "plugins": plugins,
+            "zygote_pids": answer.get("zygote_pids") or [], "elapsed_ms": answer.get("elapsed_ms")}
+
+
+# ---- worker ----
+
+def warm_here(fields: dict[str, str]) -> dict[str, Any]:
+    """Run one prewarm request on this worker: fetch the named bundles, start the zygotes. Never raises."""
+    started = time.monotonic()
+    out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "plugins": [], "error": ""}
+    try:
+        names = [str(n) for n in json.loads(fields.get("plugins") or "[]")]
+        bundles = json.loads(fields["bundles"]) if "bundles" in fields else None
+        close_old_connections()
+        engine = engine_for_job(bundles, fields.get("engine_config", ""))
+        for name in names:
+            if not engine.catalog.exists(name):
+                out["plugins"].append({"plugin": name, "runtime": "", "warmed": [], "skipped": {},
+                                       "failed": {"*": "not installed on this worker"}, "zygotes": 0})
+                continue
+            report = warm_plugin(engine.catalog.get(name), home())
+            report["bundle"] = (bundles or {}).get(name, "")[:12]
+            out["plugins"].append(report)
+    except BundleError as exc:
+        out["error"] = f"bundle not fetched: {exc}"
+    except Exception as exc:  # reported to the operator, never a dead control thread
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        close_old_connections()
+    out["zygote_pids"] = warmstart.zygote_pids()
+    out["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
+    return out
