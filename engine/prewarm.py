@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine import warmstart
-from engine.catalog import CatalogEntry
 from engine.home import Home
 from engine.invoke import hook_call_for
+from engine.plugins.catalog import CatalogEntry
 from engine.protocol import Failure
 from engine.runner import build_env, locate_script
 from engine.runtimes import LauncherNotFound, build_command

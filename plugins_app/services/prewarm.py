@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from engine import warmstart
-from engine.bundles import BundleError
+from engine.plugins.bundles import BundleError
 from engine.prewarm import warm_plugin
 from plugins_app import bus
 from plugins_app.services import audit

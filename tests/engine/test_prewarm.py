@@ -9,9 +9,9 @@ import os
 import pytest
 
 from engine import warmstart
-from engine.catalog import Catalog
 from engine.home import Home
 from engine.invoke import hook_call_for
+from engine.plugins.catalog import Catalog
 from engine.prewarm import warm_plugin
 from engine.runner import run_hook
 from tests.plugin_factory import make_plugin
