@@ -26,11 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from engine import warmstart  # noqa: E402
 from engine.home import Home  # noqa: E402
 from engine.invoke import invoke  # noqa: E402
 from engine.plugins.catalog import Catalog  # noqa: E402
-from engine.runtimes import find_launcher  # noqa: E402
+from engine.process import warmstart  # noqa: E402
+from engine.process.runtimes import find_launcher  # noqa: E402
 from tests.e2e.live import LiveService  # noqa: E402
 from tests.plugin_factory import write_config  # noqa: E402
 

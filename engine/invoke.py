@@ -20,8 +20,8 @@ from engine.home import Home
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
+from engine.process.runner import HookCall, HookResult, StderrCallback, run_hook
 from engine.protocol import Failure
-from engine.runner import HookCall, HookResult, StderrCallback, run_hook
 from engine.schemas import validate as validate_schema
 
 # stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).
@@ -271,7 +271,7 @@ def _attempts(entry, hook, request, call, settings, attempts, invocations, stder
             stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", entry.name, hook, len(result.stderr),
                              result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
                                                                         "trace_id": tid})
-        attempt_warnings = list(warnings) + result.warnings  # e.g. sandbox.degraded (engine/runner.py)
+        attempt_warnings = list(warnings) + result.warnings  # e.g. sandbox.degraded (engine/process/runner.py)
         if result.ok and hook_schema.get("output"):
             violations = validate_schema(result.reply, hook_schema["output"])
             if violations and settings.output_schema_strict:

@@ -1,8 +1,8 @@
 """Prewarm: start the warm-start zygote(s) a plugin's python hooks will be forked from, before their first call.
 
-A hook call is resolved here exactly as a real call resolves it (engine/invoke.py `hook_call_for`, engine/runner.py
+A hook call is resolved here exactly as a real call resolves it (engine/invoke.py `hook_call_for`, engine/process/runner.py
 `build_env` and the interpreter choice), so the zygote started is the one the call will find: same interpreter,
-same start-up environment (engine/warmstart.py `startup_env`). Only what warmstart.ensure() confirms is reported as
+same start-up environment (engine/process/warmstart.py `startup_env`). Only what warmstart.ensure() confirms is reported as
 warmed; every other hook says why nothing was warmed.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine import warmstart
 from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import CatalogEntry
+from engine.process import warmstart
+from engine.process.runner import build_env, locate_script
+from engine.process.runtimes import LauncherNotFound, build_command
 from engine.protocol import Failure
-from engine.runner import build_env, locate_script
-from engine.runtimes import LauncherNotFound, build_command
 
 Ensure = Callable[[str, Mapping[str, str]], bool]
 

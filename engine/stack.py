@@ -33,10 +33,10 @@ from engine.ports import (
     StderrSink,
     Summarizer,
 )
+from engine.process.runner import HookResult
 from engine.replies import apply_after_turn_reply, memories_from
 from engine.requests import normalise
 from engine.resilience import CircuitBreakers, TtlCache
-from engine.runner import HookResult
 from engine.strategies import (
     AFTER_TURN_REPLY,
     ALL,

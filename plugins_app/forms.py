@@ -8,7 +8,7 @@ from django import forms
 
 from engine.hooks import ALL_HOOKS
 from engine.plugins.scaffold import DEFAULT_HOOKS, MAX_DESCRIPTION
-from engine.runtimes import RUNTIMES
+from engine.process.runtimes import RUNTIMES
 from plugins_app.models import Role
 from plugins_app.selectors import dashboard
 

@@ -26,7 +26,7 @@ from engine.plugins.loader import (
     verify_integrity,
 )
 from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
-from engine.runtimes import find_launcher
+from engine.process.runtimes import find_launcher
 
 DISABLED_MARKER = ".disabled"
 LAST_GOOD_FILE = "last_good_plugin.toml"

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from engine.runtimes import RUNTIMES, find_launcher
+from engine.process.runtimes import RUNTIMES, find_launcher
 
 PROBE_TIMEOUT_SECS = 5.0
 CACHE_SECS = 30.0

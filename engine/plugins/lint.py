@@ -12,8 +12,8 @@ from engine.findings import Finding
 from engine.hooks import ALL_HOOKS
 from engine.plugins.loader import load_plugin
 from engine.plugins.manifest import ManifestError
-from engine.runner import resolve_script
-from engine.runtimes import RUNTIMES, find_launcher
+from engine.process.runner import resolve_script
+from engine.process.runtimes import RUNTIMES, find_launcher
 
 DISABLED_MARKER = ".disabled"
 _EXT_RUNTIME = {r.extension: r.tag for r in RUNTIMES.values() if r.extension and r.tag not in ("bun",)}
@@ -48,9 +48,9 @@ def hooks_valid(plugin_dir: Path, scripts: dict[str, str]) -> bool:
 
 
 def add_sandbox_findings(add) -> None:
-    """`sandbox.degraded`: this OS refuses the hook namespaces (engine/sandbox.py), so every subprocess hook runs
+    """`sandbox.degraded`: this OS refuses the hook namespaces (engine/process/sandbox.py), so every subprocess hook runs
     without its private view of the filesystem and processes. Probed once per process."""
-    from engine.sandbox import degraded_reasons
+    from engine.process.sandbox import degraded_reasons
 
     reasons = degraded_reasons()
     if reasons:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine import findings as F
 from engine.findings import Finding
 from engine.hooks import ALL_HOOKS, DEFAULT_TIMEOUT_SECS
-from engine.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
+from engine.process.runtimes import RUNTIMES, ResolvedRuntime, resolve_tag
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 # The LibreFang release whose plugin protocol this engine implements; `librefang_min_version` is compared to it.
@@ -68,7 +68,7 @@ class HookSettings(BaseModel):
     allow_filesystem: bool = True
     max_memory_mb: int | None = Field(None, gt=0)
     max_cpu_secs: int | None = Field(None, gt=0)
-    max_processes: int | None = Field(None, gt=0)  # ours: the hook's pids limit (engine/runner.py has the default)
+    max_processes: int | None = Field(None, gt=0)  # ours: the hook's pids limit (engine/process/runner.py has the default)
     circuit_breaker: CircuitBreaker | None = None
     priority: int = 0
     env_schema: dict[str, Any] = Field(default_factory=dict)

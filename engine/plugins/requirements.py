@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from engine.filecache import confine
 from engine.plugins.loader import read_manifest
-from engine.runtimes import find_launcher
+from engine.process.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
 DEFAULT_TIMEOUT_SECS = 300.0

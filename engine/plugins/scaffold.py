@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from engine import hooks as H
 from engine.plugins.manifest import NAME_RE
 from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS, SHAPES, TEXT_RUNTIMES, render
-from engine.runtimes import RUNTIMES, resolve_tag
+from engine.process.runtimes import RUNTIMES, resolve_tag
 
 DEFAULT_HOOKS: tuple[str, ...] = (H.INGEST, H.AFTER_TURN)
 MAX_DESCRIPTION = 500

@@ -44,10 +44,10 @@ _made_dirs: set[str] = set()
 
 def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                   policy: WasmPolicy | None = None, capabilities: tuple[str, ...] | None = None) -> Any:
-    """Run one `runtime = "wasm"` hook (a HookCall of engine/runner.py); its HookResult, never raises.
+    """Run one `runtime = "wasm"` hook (a HookCall of engine/process/runner.py); its HookResult, never raises.
 
     `policy` defaults to the one in the call's config.toml, `capabilities` to the plugin manifest's."""
-    from engine.runner import HookResult, build_env, locate_script
+    from engine.process.runner import HookResult, build_env, locate_script
 
     started = time.monotonic()
     logs: list[str] = []
@@ -115,7 +115,7 @@ def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy,
     """Findings for a `runtime = "wasm"` plugin's modules (hook -> path): load, ABI exports, imports vs. its
     `[wasm] capabilities` and the service policy, initial memory vs. the limit. Compiles; runs no module code."""
     from engine import findings as F
-    from engine.runner import resolve_script
+    from engine.process.runner import resolve_script
 
     out = []
     for hook, script in hooks.items():

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from engine.hooks import ALL_HOOKS
 from engine.plugins.manifest import NAME_RE
-from engine.runtimes import RUNTIMES, find_launcher
+from engine.process.runtimes import RUNTIMES, find_launcher
 from plugins_app.models import ApiToken, AuditEntry, HookMetric, HookMetricBucket
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import metrics as metric_selectors

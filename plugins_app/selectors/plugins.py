@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.hooks import ALL_HOOKS
 from engine.plugins.catalog import CatalogEntry
-from engine.runner import resolve_script
+from engine.process.runner import resolve_script
 from plugins_app.services.engine import get_engine
 
 

@@ -18,9 +18,9 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
-from engine import warmstart
 from engine.plugins.bundles import BundleError
 from engine.prewarm import warm_plugin
+from engine.process import warmstart
 from plugins_app import bus
 from plugins_app.services import audit
 from plugins_app.services.bundles import PinsUnavailable, job_pins

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from engine import sandbox
+from engine.process import sandbox
 
 pytestmark = pytest.mark.django_db
 

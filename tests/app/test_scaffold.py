@@ -8,7 +8,7 @@ import pytest
 from engine import hooks as H
 from engine.plugins.scaffold import ScaffoldError, plan
 from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS, SHAPES
-from engine.runtimes import RUNTIMES, find_launcher
+from engine.process.runtimes import RUNTIMES, find_launcher
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app.models import AuditEntry
 from plugins_app.selectors.examples import example_request

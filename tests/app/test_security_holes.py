@@ -14,8 +14,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from engine import protocol as P
-from engine.runner import HookCall, run_hook
-from engine.runtimes import resolve_tag
+from engine.process.runner import HookCall, run_hook
+from engine.process.runtimes import resolve_tag
 from engine.wasm import tools as T
 from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
 from tests.fixtures.packages import MB, gzip_bomb, long_name_bomb, many_entries

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from django.core.management import call_command
 
-from engine import warmstart
+from engine.process import warmstart
 from plugins_app import bus
 from plugins_app.management.commands.worker import Command as WorkerCommand
 from plugins_app.models import JobRecord, Role

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import sandbox
+from engine.process import sandbox
 from tests.e2e.live import LiveService
 from tests.plugin_factory import make_plugin, write_config
 

@@ -13,7 +13,7 @@ import pytest
 
 from engine import hooks as H
 from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS
-from engine.runtimes import RUNTIMES, find_launcher
+from engine.process.runtimes import RUNTIMES, find_launcher
 from plugins_app.selectors.examples import example_request
 
 SCAFFOLD_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v", "wasm"]

@@ -6,8 +6,8 @@ import os
 import textwrap
 from pathlib import Path
 
-from engine.runner import HookCall, HookResult, run_hook
-from engine.runtimes import resolve_tag
+from engine.process.runner import HookCall, HookResult, run_hook
+from engine.process.runtimes import resolve_tag
 
 
 def write_hook(plugin_dir: Path, source: str, name: str = "hooks/hook.py", mode: int | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Runner and sandbox conformance (engine/runner.py, engine/sandbox.py): the one-shot protocol plus hostile hooks
+"""Runner and sandbox conformance (engine/process/runner.py, engine/process/sandbox.py): the one-shot protocol plus hostile hooks
 (escapes, floods, detached children), each with an exact classified outcome. Every case spawns a real subprocess."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from engine import protocol as P
+from engine.process.runner import BLOCKED_ENV_VARS, network_isolation_available
 from engine.protocol import EmptyOutput, parse_output
-from engine.runner import BLOCKED_ENV_VARS, network_isolation_available
 from tests.engine.helpers import pid_alive, run
 
 
 @pytest.fixture(params=["isolated", "degraded"])
 def spawn_mode(request, monkeypatch):
-    """Spawned hooks (no zygote) in their own namespaces (engine/sandbox.py), or without them as on an OS that refuses
+    """Spawned hooks (no zygote) in their own namespaces (engine/process/sandbox.py), or without them as on an OS that refuses
     namespaces: the protocol behaves the same. (Python hooks may also come from the warm-start zygote.)"""
-    from engine import sandbox
+    from engine.process import sandbox
 
     monkeypatch.setenv("LIBREFANG_WARM_START", "0")
     if request.param == "degraded":
@@ -368,8 +368,8 @@ def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, t
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
-        from engine.runner import HookCall, run_hook
-        from engine.runtimes import resolve_tag
+        from engine.process.runner import HookCall, run_hook
+        from engine.process.runtimes import resolve_tag
         run_hook(HookCall(Path({str(pdir)!r}), "hooks/hook.py", resolve_tag("python"), {{}}, 300))
     """)
     worker = subprocess.Popen([sys.executable, "-c", driver])
@@ -396,7 +396,7 @@ def test_it_runs_python_hooks_with_the_plugins_venv(pdir, tmp_path):
 
 
 def test_allow_filesystem_false_makes_everything_but_the_data_dir_read_only(pdir, tmp_path):
-    from engine.runner import filesystem_isolation_available
+    from engine.process.runner import filesystem_isolation_available
 
     if not filesystem_isolation_available():
         pytest.skip("this OS refuses a private mount namespace to the service (needs root or CAP_SYS_ADMIN)")

@@ -1,4 +1,4 @@
-"""Runtime conformance (engine/runtimes.py): tag resolution, launch commands, and a real round trip through every
+"""Runtime conformance (engine/process/runtimes.py): tag resolution, launch commands, and a real round trip through every
 runtime whose launcher is installed here. Missing launchers are skipped with the reason."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from engine import protocol as P
-from engine.runtimes import RUNTIMES, build_command, find_launcher, resolve_tag
+from engine.process.runtimes import RUNTIMES, build_command, find_launcher, resolve_tag
 from tests.engine.helpers import run
 
 # ---- tags ----
@@ -50,7 +50,7 @@ def test_it_uses_runtime_specific_version_args():
 
 
 def test_it_builds_the_documented_launch_commands(monkeypatch):
-    monkeypatch.setattr("engine.runtimes.find_launcher", lambda tag: f"/bin/{tag}")
+    monkeypatch.setattr("engine.process.runtimes.find_launcher", lambda tag: f"/bin/{tag}")
     assert build_command(resolve_tag("v"), "s.v") == ["/bin/v", "-no-retry-compilation", "run", "s.v"]
     assert build_command(resolve_tag("native"), "/p/s") == ["/p/s"]
     assert build_command(resolve_tag("go"), "s.go") == ["/bin/go", "run", "s.go"]
@@ -183,7 +183,7 @@ def test_it_runs_an_unknown_tag_as_python(tmp_path):
 
 
 def test_it_fails_a_missing_launcher_with_its_install_hint(tmp_path, monkeypatch):
-    monkeypatch.setattr("engine.runtimes.find_launcher", lambda tag: None)
+    monkeypatch.setattr("engine.process.runtimes.find_launcher", lambda tag: None)
     pdir = tmp_path / "p"
     pdir.mkdir()
     r = run(pdir, "print(1)", runtime="ruby", name="hooks/x.rb")
@@ -193,7 +193,7 @@ def test_it_fails_a_missing_launcher_with_its_install_hint(tmp_path, monkeypatch
 
 def test_it_reserves_the_wasm_tag_for_the_in_process_runtime(tmp_path):
     from engine.invoke import execute
-    from engine.runner import HookCall
+    from engine.process.runner import HookCall
 
     try:
         from engine.wasm import run_wasm_hook  # noqa: F401

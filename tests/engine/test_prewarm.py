@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from engine import warmstart
 from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import Catalog
 from engine.prewarm import warm_plugin
-from engine.runner import run_hook
+from engine.process import warmstart
+from engine.process.runner import run_hook
 from tests.plugin_factory import make_plugin
 
 ECHO = "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'type': 'ok', 'ppid': os.getppid()}))\n"

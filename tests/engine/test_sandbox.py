@@ -1,4 +1,4 @@
-"""The hook sandbox (engine/sandbox.py) through the real runner: hostile python and bash hooks, spawned and forked
+"""The hook sandbox (engine/process/sandbox.py) through the real runner: hostile python and bash hooks, spawned and forked
 from the warm-start zygote. A hook reaches only its own directories, sees no service process, and leaves no process
 behind. Processes are found on the host by a unique marker in their command line."""
 
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from engine import protocol as P
-from engine import runner, sandbox, warmstart
 from engine.home import Home
 from engine.invoke import invoke
 from engine.plugins.catalog import Catalog
 from engine.plugins.lint import lint_plugin
-from engine.runner import HookCall, run_hook
-from engine.runtimes import resolve_tag
+from engine.process import runner, sandbox, warmstart
+from engine.process.runner import HookCall, run_hook
+from engine.process.runtimes import resolve_tag
 
 pytestmark = pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests")
 
@@ -53,7 +53,7 @@ def mode(request, monkeypatch, home):
     unavailable (Popen from the worker, `sandbox.enter` as its preexec function).
 
     A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
-    (engine/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
+    (engine/process/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
     (the first call of a helper takes the plain path, `enter`, which test_a_helpers_first_call_is_contained_too
     covers)."""
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
@@ -325,7 +325,7 @@ print(json.dumps({"netns": os.readlink("/proc/self/ns/net"), "devices": devices,
 
 
 def test_each_plugin_gets_an_empty_network_namespace_of_its_own(home, mode):
-    """A zygote keeps one empty network namespace per plugin for its hooks (engine/sandbox.py make_netns) instead of
+    """A zygote keeps one empty network namespace per plugin for its hooks (engine/process/sandbox.py make_netns) instead of
     one per call: never another plugin's, never the service's, loopback down."""
     other = home / "plugins" / "other"
     (other / "hooks").mkdir(parents=True, exist_ok=True)
@@ -474,9 +474,9 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             import json, os, sys
             sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
             from pathlib import Path
-            from engine import sandbox
-            from engine.runner import HookCall, run_hook
-            from engine.runtimes import resolve_tag
+            from engine.process import sandbox
+            from engine.process.runner import HookCall, run_hook
+            from engine.process.runtimes import resolve_tag
             home = Path({str(lfhome)!r})
             out = {{"mode": sandbox.mode()}}
             for warm in ("1", "0"):

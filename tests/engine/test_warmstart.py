@@ -1,4 +1,4 @@
-"""Warm start (engine/warmstart.py): python hooks forked from a zygote behave exactly like spawned ones.
+"""Warm start (engine/process/warmstart.py): python hooks forked from a zygote behave exactly like spawned ones.
 
 Every case runs real hooks through engine.runner.run_hook, the same function the worker uses, in both modes.
 """
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from engine import protocol as P
-from engine import warmstart
 from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import Catalog
-from engine.runner import HookCall, run_hook
-from engine.runtimes import resolve_tag
+from engine.process import warmstart
+from engine.process.runner import HookCall, run_hook
+from engine.process.runtimes import resolve_tag
 from tests.plugin_factory import make_plugin
 
 PROBE = r'''
@@ -76,7 +76,7 @@ def _run(call: HookCall, warm: bool, monkeypatch, lines: list | None = None):
     return run_hook(call, on_stderr=(lines.append if lines is not None else None))
 
 
-# A hook runs below its PID namespace's init (engine/sandbox.py), a fork of whatever started it: the zygote's command
+# A hook runs below its PID namespace's init (engine/process/sandbox.py), a fork of whatever started it: the zygote's command
 # line there says the hook was forked warm. Which zygote served a call is counted on our side (`_served`).
 WARM_PROBE = ("import json, sys\nsys.stdin.read()\n"
               "print(json.dumps({'warm': b'warmstart_zygote' in open('/proc/1/cmdline', 'rb').read()}))\n")

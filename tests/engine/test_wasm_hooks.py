@@ -81,8 +81,8 @@ def test_it_gates_host_calls_by_manifest_capabilities_and_service_policy(ehome, 
 
 
 def test_it_reads_env_from_the_hook_environment_not_the_service(ehome, monkeypatch):
-    from engine.runner import HookCall
-    from engine.runtimes import resolve_tag
+    from engine.process.runner import HookCall
+    from engine.process.runtimes import resolve_tag
 
     pdir = ehome.plugins_dir / "envy"
     (pdir / "hooks").mkdir(parents=True)

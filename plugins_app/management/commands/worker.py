@@ -22,8 +22,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from engine import warmstart
 from engine.plugins.bundles import cache_usage
+from engine.process import warmstart
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
 from plugins_app.services import bundles, prewarm

@@ -5,7 +5,7 @@ stderr streamed line by line to a callback as it arrives.
 
 What the hook gets is described once per call by `sandbox_spec` (an engine.sandbox.SandboxSpec) and applied by
 engine.sandbox.enter in the child, whichever way it starts: spawned here (`enter` runs as the preexec function,
-before exec) or forked from a warm-start zygote (engine/warmstart.py, python hooks). Where the OS allows namespaces
+before exec) or forked from a warm-start zygote (engine/process/warmstart.py, python hooks). Where the OS allows namespaces
 that is: its own PID namespace and /proc (every process it starts dies with it), a private view of the filesystem
 ($LIBREFANG_HOME hidden except the plugin's own directory and data directory; read-only with
 allow_filesystem = false), an empty network namespace with allow_network = false, no capabilities, rlimits and a
@@ -14,7 +14,7 @@ the thread that spawned it (the engine spawns from long-lived pool threads). Whe
 call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
 
 Neither path forks the worker: python hooks fork from their zygote, every other hook is exec'd by the spawner
-(engine/hook_spawner.py, the zygote's loop in exec mode), and both keep a spare child that has already joined the
+(engine/process/hook_spawner.py, the zygote's loop in exec mode), and both keep a spare child that has already joined the
 call's cgroup (joining one is slow on cgroup v1, see bench/README.md). Only when neither is available (or with
 LIBREFANG_SPAWNER=0) does the worker spawn the hook itself, with `enter` as a preexec function: a full fork() of the
 worker instead of CPython's vfork.
@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from engine import protocol as P
-from engine import sandbox, warmstart
 from engine.filecache import confine
 from engine.home import Home
+from engine.process import sandbox, warmstart
+from engine.process.runtimes import LauncherNotFound, ResolvedRuntime, build_command
 from engine.protocol import Failure
-from engine.runtimes import LauncherNotFound, ResolvedRuntime, build_command
 
 StderrCallback = Callable[[str], None]
 
@@ -68,7 +68,7 @@ class HookCall:
     allow_network: bool = True
     allow_filesystem: bool = True
     venv_dir: Path | None = None  # per-plugin virtualenv (requirements): python hooks run with its interpreter
-    warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/warmstart.py)
+    warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/process/warmstart.py)
     max_processes: int | None = None  # [hooks] max_processes (DEFAULT_MAX_PROCESSES when None)
     home_dir: Path | None = None  # $LIBREFANG_HOME, hidden from the hook but for its own dirs (Home.from_env() if None)
 
@@ -180,7 +180,7 @@ def filesystem_isolation_available() -> bool:
 
 
 def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
-    """The one description of what this call's hook gets (engine/sandbox.py applies it). The call's cgroup is
+    """The one description of what this call's hook gets (engine/process/sandbox.py applies it). The call's cgroup is
     described by its limits (`cgroup_limits`: the zygote or spawner prepares it); `cgroup_dirs` is one the worker
     made itself, for a hook it spawns."""
     mode = sandbox.mode()

@@ -6,12 +6,12 @@ engine.sandbox.SandboxSpec travels as JSON and the zygote's child applies it wit
 (engine.sandbox.enter: environment, cwd, namespaces, mounts, limits). The script runs as `__main__` with
 `sys.argv = [script]` and `sys.path[0]` = its directory. The runner drives the child through the same loop as a
 spawned one (`WarmProcess` quacks like `subprocess.Popen`), so timeouts kill the whole group and stderr streams the
-same way. The zygote itself is `engine/warmstart_zygote.py`, run as a script by the resolved interpreter.
+same way. The zygote itself is `engine/process/warmstart_zygote.py`, run as a script by the resolved interpreter.
 
 When it does not apply (another runtime, a custom launcher, `[hooks] warm_start = false`,
 `LIBREFANG_WARM_START=0`) or the zygote is unavailable (it failed to start or died: it is restarted for later calls),
 `spawn()` returns None and the runner spawns the hook cold: `spawn_exec()` hands it to the spawner
-(engine/hook_spawner.py: the zygote's loop in exec mode, one per worker, run by the worker's own interpreter), which
+(engine/process/hook_spawner.py: the zygote's loop in exec mode, one per worker, run by the worker's own interpreter), which
 execs it inside the same sandbox; only when that is unavailable too (or LIBREFANG_SPAWNER=0) does the worker spawn it.
 """
 
@@ -335,7 +335,7 @@ def _drain(proc: subprocess.Popen) -> None:
 
 _lock = threading.Lock()
 _zygotes: OrderedDict[tuple, Zygote] = OrderedDict()
-_spawners: dict[tuple, Zygote] = {}  # one per launcher running engine/hook_spawner.py (in practice: one)
+_spawners: dict[tuple, Zygote] = {}  # one per launcher running engine/process/hook_spawner.py (in practice: one)
 _key_locks: dict[tuple, threading.Lock] = {}
 _failed_until: dict[tuple, float] = {}
 

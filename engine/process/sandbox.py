@@ -1,9 +1,9 @@
 """What a hook gets, described once (`SandboxSpec`), and the one function that applies it in the child (`enter`).
 
 Every spawn path applies the same description: the warm-start zygote calls `enter` in its forked child right before
-running the script, the cold-hook spawner right before exec'ing the hook (engine/warmstart_zygote.py and
-engine/hook_spawner.py receive the spec as JSON and load this file by path), and the worker itself, as a preexec
-function, when neither is available (engine/runner.py). So this module is stdlib only, imports nothing from the
+running the script, the cold-hook spawner right before exec'ing the hook (engine/process/warmstart_zygote.py and
+engine/process/hook_spawner.py receive the spec as JSON and load this file by path), and the worker itself, as a preexec
+function, when neither is available (engine/process/runner.py). So this module is stdlib only, imports nothing from the
 engine and runs on any CPython >= 3.9.
 
 Where the OS allows namespaces (root, or an unprivileged user namespace), `enter` gives every hook:

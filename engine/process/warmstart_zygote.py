@@ -1,7 +1,7 @@
 """The warm-start zygote: run as a *script* by the resolved python launcher (never imported by the worker).
 
 It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules and
-engine/sandbox.py (by path, argv[2]: stdlib only), then waits on a SOCK_SEQPACKET control socket. Each request
+engine/process/sandbox.py (by path, argv[2]: stdlib only), then waits on a SOCK_SEQPACKET control socket. Each request
 carries, as SCM_RIGHTS, a reply socket and the hook's stdin/stdout/stderr pipe ends; the JSON spec (script and the
 runner's SandboxSpec) follows on the reply socket. The zygote forks; the child takes a new session and its stdio,
 applies the sandbox with the same function as a spawned hook (sandbox.enter: PDEATHSIG, cgroup, namespaces, mounts,
@@ -12,10 +12,10 @@ process is unsafe.
 
 A spare child is forked ahead of each call, already in a cgroup of its own; once a call has shown the service's
 sandbox shape, the next spare also enters it ahead (sandbox.pre_enter: namespaces, covered home, init, the hook's
-process waiting for its call), so the call's path has no fork left. Run by engine/hook_spawner.py, the same loop
+process waiting for its call), so the call's path has no fork left. Run by engine/process/hook_spawner.py, the same loop
 execs any hook's program instead of running a python script (exec mode, cold hooks).
 
-No imports from the engine package (engine/sandbox.py is loaded by path), compatible with any CPython >= 3.9 on
+No imports from the engine package (engine/process/sandbox.py is loaded by path), compatible with any CPython >= 3.9 on
 Linux.
 """
 
@@ -147,7 +147,7 @@ def _serve(ctl, sandbox):
 
     def exit_now():
         """The worker is gone (or we retired): end the calls still running, as PDEATHSIG would, and leave no cgroup
-        behind (what stays busy is removed by the next process that finds it, engine/sandbox.py _remove_stale)."""
+        behind (what stays busy is removed by the next process that finds it, engine/process/sandbox.py _remove_stale)."""
         if spare is not None:
             drop_spare()
         for pid, _reply, paths, _done in children.values():
@@ -565,7 +565,7 @@ def _finalize(status, main, forked_modules, interrupted):
 
 
 def _load_sandbox(path):
-    """engine/sandbox.py as a module of its own (this script imports nothing from the engine package)."""
+    """engine/process/sandbox.py as a module of its own (this script imports nothing from the engine package)."""
     from importlib.util import module_from_spec, spec_from_file_location
 
     found = spec_from_file_location(_SANDBOX_NAME, path)
@@ -594,7 +594,7 @@ def _exec(spec, exec_error):
 
 
 def _main(exec_mode=False):
-    """Serve python hooks (the zygote) or, with `exec_mode`, exec any hook's program (engine/hook_spawner.py: the
+    """Serve python hooks (the zygote) or, with `exec_mode`, exec any hook's program (engine/process/hook_spawner.py: the
     worker never forks itself for a cold hook). Returns in a child, with its spec."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
     problem = None if exec_mode else _check_preloaded()
