@@ -25,6 +25,17 @@ def chain(catalog: Catalog, cfg: ServiceConfig) -> list[str]:
     return [name for name in cfg.context_engine.chain if catalog.exists(name) and catalog.get(name).enabled]
 
 
+def skipped_layers(catalog: Catalog, cfg: ServiceConfig) -> list[str]:
+    """Why configured plugins are not in the chain: `plugin_disabled: x is disabled`, `plugin_not_installed: …`."""
+    out = []
+    for name in cfg.context_engine.chain:
+        if not catalog.exists(name):
+            out.append(f"plugin_not_installed: {name} is not installed")
+        elif not catalog.get(name).enabled:
+            out.append(f"plugin_disabled: {name} is disabled")
+    return out
+
+
 def deadline_secs(hook: str, catalog: Catalog, cfg: ServiceConfig) -> float:
     """How long an agent may wait for `hook`: every layer's timeout (H.timeout_for) with its retries; layers that
     run in order add up, concurrent ones (engine/strategies.py: ingest, after_turn) take the slowest. The default

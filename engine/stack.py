@@ -131,15 +131,8 @@ class ContextEngine:
         return reply
 
     def skipped_layers(self, cfg: ServiceConfig | None = None) -> list[str]:
-        """Why configured plugins are not in the chain: `plugin_disabled: x is disabled`, `plugin_not_installed: …`."""
-        cfg = cfg or self.config.get()
-        out = []
-        for name in cfg.context_engine.chain:
-            if not self.catalog.exists(name):
-                out.append(f"plugin_not_installed: {name} is not installed")
-            elif not self.catalog.get(name).enabled:
-                out.append(f"plugin_disabled: {name} is disabled")
-        return out
+        """Why configured plugins are not in the chain (engine/hook_policy.py)."""
+        return policy.skipped_layers(self.catalog, cfg or self.config.get())
 
     def default(self, hook: str, request: dict[str, Any], reason: str | None = None) -> EngineReply:
         """The built-in engine's answer, e.g. when the worker missed the deadline."""

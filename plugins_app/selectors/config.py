@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from engine import hook_policy
 from engine import hooks as H
 from engine.plugins.lint import hooks_valid
-from plugins_app.services.engine import get_engine, home
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import config_cache, home
 
 
 def engine_config() -> dict:
-    engine = get_engine()
-    cfg = engine.config.get()
+    cfg = config_cache().get()
     ce = cfg.context_engine
     return {
         "engine": "plugin" if ce.chain else "default",
@@ -17,7 +18,7 @@ def engine_config() -> dict:
         "plugin": ce.plugin,
         "plugin_stack": list(ce.plugin_stack),
         "chain": ce.chain,
-        "serving": engine.chain(cfg),
+        "serving": hook_policy.chain(plugin_catalog(), cfg),
         "stable_prefix_mode": ce.stable_prefix_mode,
         "max_recall_results": ce.max_recall_results,
         "context_window_tokens": ce.context_window_tokens,
@@ -30,9 +31,8 @@ def engine_config() -> dict:
 
 def chain() -> dict:
     """LibreFang's GET /context-engine/chain shape, plus per-layer validity."""
-    engine = get_engine()
-    cfg = engine.config.get()
-    catalog = engine.catalog
+    cfg = config_cache().get()
+    catalog = plugin_catalog()
     out = []
     for name in cfg.context_engine.chain:
         if not catalog.exists(name):

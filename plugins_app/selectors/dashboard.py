@@ -11,13 +11,13 @@ from django.utils import timezone
 from engine.hooks import ALL_HOOKS
 from engine.plugins.manifest import NAME_RE
 from engine.process.runtimes import RUNTIMES, find_launcher
+from plugins_app.home import home
 from plugins_app.models import ApiToken, AuditEntry, HookMetric, HookMetricBucket
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import metrics as metric_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors.doctor import lint
 from plugins_app.selectors.traces import list_traces
-from plugins_app.services.engine import get_engine
 
 OWNER_GROUP = "owner"
 CHART_W, CHART_H = 240, 48
@@ -216,7 +216,7 @@ def engine_hook_totals() -> list[dict]:
             a["histogram"][k] = a["histogram"].get(k, 0) + v
         if m.last_called_at and (a["last_called_at"] is None or m.last_called_at > a["last_called_at"]):
             a["last_called_at"] = m.last_called_at
-    installed = set(get_engine().catalog.names())  # metrics outlive uninstalled plugins: shown without a link
+    installed = set(plugin_selectors.installed_names())  # metrics outlive uninstalled plugins: shown without a link
     rows = []
     for hook in ALL_HOOKS:
         a = agg.get(hook)
@@ -240,7 +240,7 @@ def engine_state() -> dict:
     chain = config_selectors.chain()["chain"]
     return {"config": config_selectors.engine_config(), "chain": chain,
             "serving": [layer["plugin"] for layer in chain if layer["serving"]],
-            "installed": get_engine().catalog.names()}
+            "installed": plugin_selectors.installed_names()}
 
 
 # ---- create form ----
@@ -262,7 +262,7 @@ def name_problem(name: str) -> str | None:
     if not NAME_RE.match(name):
         return ("Use letters, digits, '-' and '_' only, starting with a letter or digit (at most 128 "
                 "characters).")
-    if get_engine().catalog.exists(name) or get_engine().deps.home.plugin_dir(name).exists():
+    if plugin_selectors.is_installed(name) or home().plugin_dir(name).exists():
         return f"A plugin named {name} already exists."
     return None
 

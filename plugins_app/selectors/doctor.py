@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from engine.plugins.doctor import probe_all
 from engine.plugins.lint import hooks_valid, lint_plugin
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import home
 from plugins_app.selectors.tools import policy as wasm_policy
-from plugins_app.services.engine import get_engine, home
 
 
 def doctor(fresh: bool = False) -> dict:
     runtimes = probe_all(max_age=0 if fresh else 30)
     by_tag = {r.runtime: r for r in runtimes}
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     names = catalog.names()
     installed = set(names)
     plugins = []
@@ -46,7 +47,7 @@ def doctor(fresh: bool = False) -> dict:
 
 def lint(name: str) -> dict:
     """Lint report for one installed plugin; raises KeyError when it is not installed."""
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     if not catalog.exists(name):
         raise KeyError(name)
     return lint_plugin(home().plugin_dir(name), set(catalog.names()), wasm_policy()).to_dict()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine import hook_policy
 from engine.hooks import ALL_HOOKS
 from engine.plugins.catalog import CatalogEntry
 from engine.process.runner import resolve_script
-from plugins_app.services.engine import get_engine
+from plugins_app.home import catalog, config_cache
 
 
 @dataclass
@@ -76,28 +77,45 @@ def summarize(entry: CatalogEntry, lang: str | None = None, chain: list[str] | N
 
 
 def _configured_chain() -> list[str]:
-    return list(get_engine().config.get().context_engine.chain)
+    return list(config_cache().get().context_engine.chain)
 
 
 def list_plugins(lang: str | None = None) -> list[PluginSummary]:
-    catalog = get_engine().catalog
+    installed = catalog()
     chain = _configured_chain()
-    return [summarize(catalog.get(name), lang, chain) for name in catalog.names()]
+    return [summarize(installed.get(name), lang, chain) for name in installed.names()]
 
 
 def get_plugin(name: str, lang: str | None = None) -> PluginSummary | None:
-    catalog = get_engine().catalog
-    if not catalog.exists(name):
+    entry = installed_entry(name)
+    return summarize(entry, lang) if entry is not None else None
+
+
+def installed_entry(name: str) -> CatalogEntry | None:
+    """The catalog's entry for an installed plugin (its manifest, directory, state), None when not installed."""
+    installed = catalog()
+    if not installed.exists(name):
         return None
-    return summarize(catalog.get(name), lang)
+    try:
+        return installed.get(name)
+    except KeyError:  # uninstalled meanwhile
+        return None
+
+
+def installed_names() -> list[str]:
+    return catalog().names()
+
+
+def is_installed(name: str) -> bool:
+    return catalog().exists(name)
 
 
 def active_chain() -> dict:
-    engine = get_engine()
-    cfg = engine.config.get()
-    enabled = engine.chain(cfg)
-    blocked = {n: engine.catalog.get(n).cannot_run for n in enabled}
+    cfg = config_cache().get()
+    installed = catalog()
+    enabled = hook_policy.chain(installed, cfg)
+    blocked = {n: installed.get(n).cannot_run for n in enabled}
     return {"mode": cfg.context_engine.mode, "configured": cfg.context_engine.chain,
             "serving": [n for n in enabled if not blocked[n]],
             "cannot_run": [{"plugin": n, "why": why} for n, why in blocked.items() if why],
-            "skipped": engine.skipped_layers(cfg), "config_error": cfg.error}
+            "skipped": hook_policy.skipped_layers(installed, cfg), "config_error": cfg.error}

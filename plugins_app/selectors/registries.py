@@ -1,16 +1,49 @@
 """What the configured plugin registries offer (GET /plugins/registries, /plugins/registry/search), read through
-engine/plugins/registry.py: a signed index is verified against the operator's key before anything in it is shown."""
+engine/plugins/registry.py: a signed index is verified against the operator's key before anything in it is shown.
+Also which registries config.toml's `[plugins]` names, read here for installs and updates too."""
 
 from __future__ import annotations
 
+import tomllib
+
 from engine.plugins import install as I
 from engine.plugins import registry as R
-from plugins_app.services.engine import get_engine
-from plugins_app.services.plugins import PluginError, registry_configs
+from plugins_app.errors import PluginError
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import home
+
+
+def _raw_config() -> dict:
+    try:
+        return tomllib.loads(home().config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def default_registry() -> str | None:
+    """The registry a bare plugin name installs from: `[plugins] registry`, else the first of plugin_registries."""
+    plugins = _raw_config().get("plugins")
+    if isinstance(plugins, dict):
+        reg = plugins.get("registry") or plugins.get("default_registry")
+        if isinstance(reg, str):
+            return reg
+        regs = plugins.get("plugin_registries")
+        if isinstance(regs, list) and regs:
+            first = regs[0]
+            if isinstance(first, str):
+                return first
+            if isinstance(first, dict) and isinstance(first.get("github_repo") or first.get("url"), str):
+                return first.get("github_repo") or first.get("url")
+    return None
+
+
+def registry_configs() -> list[R.RegistryConfig]:
+    """The registries of `[plugins]` in config.toml, each with its trust settings (engine/plugins/registry.py)."""
+    return R.parse_registries(_raw_config().get("plugins"))
 
 
 def _installed() -> dict[str, str]:
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     out = {}
     for name in catalog.names():
         try:

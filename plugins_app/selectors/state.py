@@ -10,11 +10,13 @@ import re
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.utils import timezone
 
+from engine import hook_policy
 from engine.filecache import tree_size
 from engine.plugins.catalog import LAST_GOOD_FILE
 from engine.plugins.requirements import VENV_DIRS
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import config_cache, home
 from plugins_app.models import HookTrace
-from plugins_app.services.engine import get_engine, home
 
 MAX_FILES_LISTED = 500
 # Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
@@ -24,7 +26,7 @@ SECRET_WORDS = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL|PASSWD", re.IGN
 
 
 def _manifest(name: str):
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     if not catalog.exists(name):
         return None
     entry = catalog.get(name)
@@ -106,13 +108,13 @@ def advanced_config(name: str) -> dict:
 def sandbox_policy() -> dict:
     """What each installed plugin's hooks are allowed, as its manifest says: network, filesystem, resource limits
     (null: the service's default applies), and where its writable data lives. `serving` marks the active chain."""
-    engine = get_engine()
-    cfg = engine.config.get()
-    serving = set(engine.chain(cfg))
+    catalog = plugin_catalog()
+    cfg = config_cache().get()
+    serving = set(hook_policy.chain(catalog, cfg))
     plugins = []
-    for name in engine.catalog.names():
+    for name in catalog.names():
         try:
-            entry = engine.catalog.get(name)
+            entry = catalog.get(name)
         except KeyError:  # uninstalled meanwhile
             continue
         m = entry.plugin.manifest if entry.plugin is not None else None

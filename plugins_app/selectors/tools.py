@@ -6,7 +6,7 @@ from typing import Any
 
 from engine import wasm as W
 from engine.wasm import tools as T
-from plugins_app.services.engine import home
+from plugins_app.home import home
 
 
 def policy() -> W.WasmPolicy:

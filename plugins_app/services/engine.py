@@ -1,4 +1,5 @@
-"""Wiring the pure-Python engine to Django: database memory, recorded invocations, live stderr."""
+"""Wiring the pure-Python engine to Django: database memory, recorded invocations, live stderr. The catalog and
+config caches it runs on are the process's (plugins_app/home.py), the same ones selectors read."""
 
 from __future__ import annotations
 
@@ -7,14 +8,11 @@ import json
 import logging
 import urllib.request
 
-from django.conf import settings
-
-from engine.config import ConfigCache, LlmConfig
-from engine.home import Home
+from engine.config import LlmConfig
 from engine.hook_policy import HookPolicy
-from engine.plugins.catalog import Catalog
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
+from plugins_app.home import catalog, config_cache, forget, home
 from plugins_app.services.memory import DbMemoryStore
 from plugins_app.services.recording import DbInvocationSink
 
@@ -56,24 +54,9 @@ def summarizer_for(cfg: LlmConfig):
     return OpenAICompatibleSummarizer(cfg, os.environ.get(cfg.api_key_env or "") or None)
 
 
-def home() -> Home:
-    return Home(settings.LIBREFANG_HOME)
-
-
 @functools.lru_cache(maxsize=1)
 def invocation_sink() -> DbInvocationSink:
     return DbInvocationSink()
-
-
-@functools.lru_cache(maxsize=1)
-def catalog() -> Catalog:
-    """The process's plugin catalog, shared by the engine and the hook path (a forget() reaches both)."""
-    return Catalog(home())
-
-
-@functools.lru_cache(maxsize=1)
-def config_cache() -> ConfigCache:
-    return ConfigCache(home().config_path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,8 +75,9 @@ def hook_policy() -> HookPolicy:
 
 def reset_engine() -> None:
     """Forget cached engine state (tests that switch LIBREFANG_HOME)."""
-    for cached in (get_engine, hook_policy, catalog, config_cache):
+    for cached in (get_engine, hook_policy):
         cached.cache_clear()
+    forget()
 
 
 class _FixedConfig:

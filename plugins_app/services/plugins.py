@@ -1,7 +1,7 @@
 """Plugin lifecycle: scaffold, reload, enable/disable, install, update, uninstall, install-deps and the active
 chain in config.toml. Every change writes an AuditEntry and announces itself with events.plugin_changed.
 
-Callers (API, dashboard views, CLI) catch PluginError: `code` is stable, `status` is the HTTP status to answer.
+Callers (API, dashboard views, CLI) catch PluginError (plugins_app/errors.py, re-exported here): `code` is stable, `status` is the HTTP status to answer.
 """
 
 from __future__ import annotations
@@ -12,30 +12,26 @@ import logging
 import os
 import shutil
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from django.db import IntegrityError
 
-from engine.errors import ServiceError
 from engine.plugins import install as I
-from engine.plugins import registry as R
 from engine.plugins.catalog import DISABLED_MARKER
 from engine.plugins.manifest import NAME_RE, ManifestError
 from engine.plugins.scaffold import ScaffoldError, plan
 from plugins_app import bus, events
+from plugins_app.errors import PluginError
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import config_cache, home
 from plugins_app.models import IdempotentResponse
 from plugins_app.selectors.plugins import PluginSummary, get_plugin
+from plugins_app.selectors.registries import default_registry, registry_configs
 from plugins_app.services import audit, bundles
 from plugins_app.services import config as config_service
-from plugins_app.services.engine import get_engine, home
 
 log = logging.getLogger("librefang.plugins")
-
-
-class PluginError(ServiceError):
-    """A refused plugin lifecycle operation (engine/errors.py): routes and views just call the services."""
 
 
 def _check_name(name: str) -> None:
@@ -46,7 +42,7 @@ def _check_name(name: str) -> None:
 
 def _require_installed(name: str) -> Path:
     _check_name(name)
-    if not get_engine().catalog.exists(name):
+    if not plugin_catalog().exists(name):
         raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
     return home().plugin_dir(name)
 
@@ -97,7 +93,7 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
 def reload_plugin(name: str, actor: str) -> dict:
     """Re-read plugin.toml now. A broken manifest is rejected (400) and the previous configuration keeps serving."""
     _require_installed(name)
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     try:
         loaded = catalog.validate(name)
     except ManifestError as exc:
@@ -135,34 +131,6 @@ def set_enabled(name: str, enabled: bool, actor: str) -> dict:
 
 # ---- install / update / uninstall ----
 
-def _raw_config() -> dict:
-    try:
-        return tomllib.loads(home().config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def default_registry() -> str | None:
-    plugins = _raw_config().get("plugins")
-    if isinstance(plugins, dict):
-        reg = plugins.get("registry") or plugins.get("default_registry")
-        if isinstance(reg, str):
-            return reg
-        regs = plugins.get("plugin_registries")
-        if isinstance(regs, list) and regs:
-            first = regs[0]
-            if isinstance(first, str):
-                return first
-            if isinstance(first, dict) and isinstance(first.get("github_repo") or first.get("url"), str):
-                return first.get("github_repo") or first.get("url")
-    return None
-
-
-def registry_configs() -> list[R.RegistryConfig]:
-    """The registries of `[plugins]` in config.toml, each with its trust settings (engine/plugins/registry.py)."""
-    return R.parse_registries(_raw_config().get("plugins"))
-
-
 def _from_install_error(exc: I.InstallError) -> PluginError:
     return PluginError(exc.code, exc.message, exc.status, exc.details)
 
@@ -192,7 +160,7 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
             IdempotentResponse.objects.create(key=idempotency_key, body_sha256=body_hash, status=201, response=result)
         except IntegrityError:
             pass
-    get_engine().catalog.forget(result["name"])
+    plugin_catalog().forget(result["name"])
     bundles.publish_bundle(result["name"])
     _changed(result["name"], "installed", actor, "plugin.install", {"source": src.to_dict(),
                                                                       "version": result["version"]})
@@ -207,7 +175,7 @@ def update_plugin(name: str, force: bool, actor: str) -> dict:
     except I.InstallError as exc:
         audit.record(actor, "plugin.update", name, ok=False, details={"error": exc.message, "force": force})
         raise _from_install_error(exc) from exc
-    get_engine().catalog.forget(name)
+    plugin_catalog().forget(name)
     bundles.publish_bundle(name)
     _changed(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
     return result
@@ -219,9 +187,9 @@ def uninstall_plugin(name: str, actor: str) -> dict:
         result = I.uninstall(home(), name)
     except I.InstallError as exc:
         raise _from_install_error(exc) from exc
-    get_engine().catalog.forget(name)
+    plugin_catalog().forget(name)
     bundles.retire_bundle(name)
-    active = name in get_engine().config.get().context_engine.chain
+    active = name in config_cache().get().context_engine.chain
     result["was_active"] = active
     _changed(name, "uninstalled", actor, "plugin.uninstall", {"was_active": active})
     return result
@@ -234,7 +202,7 @@ def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
     """Install the plugin's requirements into its own virtualenv. pip runs build code from the internet, so it
     runs on a worker (the CLI may run it in-process when no worker is alive)."""
     _require_installed(name)
-    entry = get_engine().catalog.get(name)
+    entry = plugin_catalog().get(name)
     if entry.plugin is None:
         raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
                           [f.to_dict() for f in entry.problems])
@@ -261,7 +229,7 @@ def run_install_deps(name: str) -> dict:
     """The work itself (on a worker): build the plugin's venv with engine/plugins/requirements.py."""
     from engine.plugins import requirements as R
 
-    entry = get_engine().catalog.get(name)
+    entry = plugin_catalog().get(name)
     if entry.plugin is None:
         return {"ok": False, "success": False, "error": f"plugin {name!r} cannot be loaded"}
     try:
@@ -280,7 +248,7 @@ def set_engine_config(plugin: str | None, plugin_stack: list[str] | None, actor:
     names = list(plugin_stack or []) + ([plugin] if plugin else [])
     if len(set(names)) != len(names):
         raise PluginError("invalid_config", "plugin_stack lists a plugin twice", 400)
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     for n in names:
         _check_name(n)
         if not catalog.exists(n):
@@ -313,7 +281,7 @@ def install_with_deps(name: str, registry: str | None, ref: str | None, actor: s
                      details={"registry": registry, "error": exc.message})
         raise _from_install_error(exc) from exc
     for n in result["installed"]:
-        get_engine().catalog.forget(n)
+        plugin_catalog().forget(n)
         bundles.publish_bundle(n)
         _changed(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
                                                            "as_dependency_of": name if n != name else None})
@@ -422,7 +390,7 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
         raise PluginError("invalid_config", f"the change would make plugin.toml invalid: {exc}", 400,
                           [f.to_dict() for f in exc.findings]) from exc
     config_service.atomic_write(path, text)
-    get_engine().catalog.forget(name)
+    plugin_catalog().forget(name)
     bundles.publish_bundle(name)
     _changed(name, "configured", actor, action, details)
 
