@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from engine.plugins.loader import manifest_path
+from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import traces as trace_selectors
-from plugins_app.services.engine import get_engine
 
 SCHEME = "librefang://plugins/"
 RECENT_TRACES = 50
@@ -16,7 +16,7 @@ RECENT_TRACES = 50
 
 def listing() -> list[dict[str, Any]]:
     out = []
-    for name in get_engine().catalog.names():
+    for name in plugin_selectors.installed_names():
         out.append({"uri": f"{SCHEME}{name}/manifest", "name": f"{name} manifest", "mime_type": "application/toml",
                     "description": f"plugin.toml of the {name} plugin"})
         out.append({"uri": f"{SCHEME}{name}/traces", "name": f"{name} traces", "mime_type": "application/json",
@@ -29,12 +29,12 @@ def read(uri: str) -> tuple[str, str] | None:
     if not uri.startswith(SCHEME):
         return None
     name, _, kind = uri[len(SCHEME):].rpartition("/")
-    catalog = get_engine().catalog
-    if not name or not catalog.exists(name):
+    entry = plugin_selectors.installed_entry(name) if name else None
+    if entry is None:
         return None
     if kind == "manifest":
         try:
-            return "application/toml", manifest_path(catalog.get(name).dir).read_text()
+            return "application/toml", manifest_path(entry.dir).read_text()
         except OSError:
             return None
     if kind == "traces":

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine import hook_policy
-from engine.hooks import ALL_HOOKS
+from engine.hooks import ALL_HOOKS, timeout_for
 from engine.plugins.catalog import CatalogEntry
+from engine.plugins.manifest import HookSettings
 from engine.process.runner import resolve_script
+from plugins_app.errors import PluginError
 from plugins_app.home import catalog, config_cache
 
 
@@ -100,6 +102,34 @@ def installed_entry(name: str) -> CatalogEntry | None:
         return installed.get(name)
     except KeyError:  # uninstalled meanwhile
         return None
+
+
+def hook_timeout_secs(name: str, hook: str) -> float:
+    """How long one attempt of `hook` may take for this plugin (engine/hooks.py timeout_for: its
+    hook_timeout_secs, doubled for bootstrap; the default when the plugin cannot be loaded)."""
+    entry = installed_entry(name)
+    return timeout_for(hook, entry.plugin.manifest.hooks if entry is not None and entry.plugin is not None else None)
+
+
+def runnable_hooks(name: str, hooks: list[str] | None = None, enabled: bool = False) -> HookSettings:
+    """The [hooks] settings of an installed plugin that loads (and is enabled, when asked) and declares every hook
+    in `hooks`; else PluginError: not_found, invalid_manifest, plugin_disabled, hook_not_declared. What the test
+    console and the benchmark refuse before they run anything."""
+    entry = installed_entry(name)
+    if entry is None:
+        raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
+    if entry.plugin is None:
+        raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
+                          [f.to_dict() for f in entry.problems])
+    if enabled and not entry.enabled:
+        raise PluginError("plugin_disabled", f"plugin {name!r} is disabled; enable it to benchmark it", 409)
+    settings = entry.plugin.manifest.hooks
+    declared = sorted(settings.declared_hooks())
+    for hook in hooks or ():
+        if hook not in declared:
+            raise PluginError("hook_not_declared", f"plugin {name!r} does not declare the {hook} hook", 400,
+                              {"declared": declared})
+    return settings
 
 
 def installed_names() -> list[str]:

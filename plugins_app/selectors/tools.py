@@ -18,6 +18,10 @@ def policy_error() -> str | None:
     return W.policy_error(home().config_path)
 
 
+def tools_dir() -> str:
+    return str(home().tools_dir)
+
+
 def list_tools() -> list[dict[str, Any]]:
     current = policy()
     return [T.describe(tool, current) for tool in T.list_tools(home())]

@@ -9,11 +9,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from engine import hooks as H
+from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors.examples import example_request
 from plugins_app.services import audit
 from plugins_app.services import hooks as hook_service
-from plugins_app.services.engine import get_engine
-from plugins_app.services.plugins import PluginError
 
 MAX_RUNS = 50
 DEFAULT_RUNS = 5
@@ -38,22 +37,8 @@ def distribution(values: list[float]) -> dict[str, Any]:
 
 def _plan(name: str, hook: str | None) -> tuple[list[str], dict[str, float]]:
     """The hooks to run (the one asked for, else every declared hook) and each one's timeout."""
-    catalog = get_engine().catalog
-    if not catalog.exists(name):
-        raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
-    entry = catalog.get(name)
-    if entry.plugin is None:
-        raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
-                          [f.to_dict() for f in entry.problems])
-    if not entry.enabled:
-        raise PluginError("plugin_disabled", f"plugin {name!r} is disabled; enable it to benchmark it", 409)
-    settings = entry.plugin.manifest.hooks
-    declared = sorted(settings.declared_hooks())
-    hooks = [hook] if hook else declared
-    for h in hooks:
-        if h not in declared:
-            raise PluginError("hook_not_declared", f"plugin {name!r} does not declare the {h} hook", 400,
-                              {"declared": declared})
+    settings = plugin_selectors.runnable_hooks(name, [hook] if hook else None, enabled=True)
+    hooks = [hook] if hook else sorted(settings.declared_hooks())
     return hooks, {h: H.timeout_for(h, settings) for h in hooks}
 
 

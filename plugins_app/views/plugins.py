@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from engine.hooks import ALL_HOOKS, BOOTSTRAP
+from engine.hooks import ALL_HOOKS
 from plugins_app import events
 from plugins_app.forms import CreatePluginForm, InstallForm, TestHookForm
 from plugins_app.selectors import dashboard
@@ -22,7 +22,6 @@ from plugins_app.selectors.examples import example_request
 from plugins_app.services import bundles
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
-from plugins_app.services.engine import get_engine
 from plugins_app.views.roles import actor, role_required  # noqa: F401 (views/engine.py, tokens.py)
 
 TEST_TIMEOUT_CAP_SECS = 120.0
@@ -82,9 +81,9 @@ def plugin_detail(request, name: str):
     if plugin is None:
         raise Http404(f"no plugin named {name}")
     declared = [h for h in ALL_HOOKS if plugin.hooks.get(h)]
-    entry = get_engine().catalog.get(name)
+    entry = plugin_selectors.installed_entry(name)
     facts = []
-    if entry.plugin is not None:
+    if entry is not None and entry.plugin is not None:
         hs = entry.plugin.manifest.hooks
         facts = [("Hook timeout", f"{hs.hook_timeout_secs:g} s"), ("On failure", getattr(hs, "on_hook_failure", "")),
                  ("Retries", getattr(hs, "max_retries", ""))]
@@ -140,13 +139,7 @@ def plugin_action(request, name: str, action: str):
 
 
 def _test_timeout(name: str, hook: str) -> float:
-    entry = get_engine().catalog.get(name)
-    secs = 30.0
-    if entry.plugin is not None:
-        secs = float(entry.plugin.manifest.hooks.hook_timeout_secs)
-    if hook == BOOTSTRAP:
-        secs *= 2
-    return min(secs, TEST_TIMEOUT_CAP_SECS)
+    return min(plugin_selectors.hook_timeout_secs(name, hook), TEST_TIMEOUT_CAP_SECS)
 
 
 def _installed(name: str):

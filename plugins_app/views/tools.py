@@ -17,7 +17,6 @@ from django.views.decorators.http import require_GET, require_POST
 from engine.wasm import tools as T
 from plugins_app.selectors import tools as tool_selectors
 from plugins_app.services import tools as tool_service
-from plugins_app.services.engine import home
 from plugins_app.views.roles import actor, role_required, user_may
 
 
@@ -26,7 +25,7 @@ def _page(request, status: int = 200, error: str | None = None):
     return render(request, "plugins_app/tools.html", {
         "tools": tools, "runnable": [t for t in tools if t["enabled"]],
         "policy": tool_selectors.policy_summary(), "policy_error": tool_selectors.policy_error(),
-        "tools_dir": str(home().tools_dir), "error": error, "may_own": user_may(request.user, "tools_install"),
+        "tools_dir": tool_selectors.tools_dir(), "error": error, "may_own": user_may(request.user, "tools_install"),
         "may_admin": user_may(request.user, "tools_enable"),
     }, status=status)
 
