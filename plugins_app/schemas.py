@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import dataclasses
+from typing import Annotated, Any, Literal, get_type_hints
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, create_model
 
 from engine.hook_requests import HOOK_REQUEST_MODELS
+from plugins_app.selectors.plugins import PluginSummary
 
 
 class ErrorBody(Schema):
@@ -112,19 +114,22 @@ class Open(Schema):
     model_config = ConfigDict(extra="allow")
 
 
-class PluginOut(Open):
-    name: str
-    display_name: str
-    version: str
-    description: str
-    author: str
-    runtime: str
-    enabled: bool
-    valid: bool
-    hooks_valid: bool
-    hooks: dict[str, str | None]
-    path: str
-    findings: list[dict[str, Any]]
+def _schema_of(dataclass_type: type, name: str) -> type[Open]:
+    """An Open response schema with the fields (types, defaults) of a selector's dataclass: written once there."""
+    hints = get_type_hints(dataclass_type)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(dataclass_type):
+        if f.default is not dataclasses.MISSING:
+            fields[f.name] = (hints[f.name], f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (hints[f.name], ...)
+    return create_model(name, __base__=Open, **fields)
+
+
+# A plugin as GET /plugins lists it: plugins_app/selectors/plugins.py PluginSummary.to_dict().
+PluginOut = _schema_of(PluginSummary, "PluginOut")
 
 
 class PluginListOut(Schema):

@@ -15,7 +15,11 @@ class TokenAuth(HttpBearer):
         self.required = required
 
     def authenticate(self, request, token: str):
-        found = lookup(token)
+        return self.admit(lookup(token))
+
+    def admit(self, found):
+        """The token's row when it may call this route; None (401) for an unknown token; 403 when its role falls
+        short."""
         if found is None:
             return None
         if not allows(found, self.required):

@@ -14,10 +14,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from engine import hook_requests
 from engine.wasm import tools as T
 from plugins_app import bus
 from plugins_app.mcp import tokens
-from plugins_app.schemas import HOOK_REQUEST_SCHEMAS
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import tools as tool_selectors
@@ -60,8 +60,8 @@ def _hook_input(hook: str, fields: dict[str, Any]) -> dict[str, Any]:
 
 async def _hook(hook: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
-        HOOK_REQUEST_SCHEMAS[hook].model_validate(request)
-    except Exception as exc:  # pydantic's ValidationError: the same check as the REST route
+        hook_requests.check(hook, request)
+    except hook_requests.ValidationError as exc:  # the REST route's check (engine/hook_requests.py)
         raise McpToolError("validation_error", f"invalid {hook} arguments: {exc}") from exc
     origin = bus.JOB_ORIGIN.set(ORIGIN)
     try:

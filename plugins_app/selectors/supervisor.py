@@ -14,11 +14,12 @@ Times are Unix seconds. The supervisor rewrites it on every change and at least 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from django.conf import settings
+
+from engine.pids import alive
 
 STATUS_FILE = Path("run") / "supervisor.json"
 STALE_AFTER_SECS = 30.0  # a live supervisor refreshes the file every 2 s
@@ -34,23 +35,10 @@ def supervisor_status(home: Path | None = None) -> dict | None:
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int):
         return None
-    if not _alive(doc["pid"]):
+    if not alive(doc["pid"]):
         return None
     updated = doc.get("updated_at")
     if not isinstance(updated, int | float) or time.time() - updated > STALE_AFTER_SECS:
         return None
     return doc
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(") ", 1)[1].split()[0] != "Z"  # a zombie is dead, just not reaped
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): kill(0) is all we have
