@@ -71,9 +71,10 @@ class _Conversation(HookRequest):
         return req
 
 
-class AssembleRequest(_Conversation):
+class _Window(_Conversation):
+    """The hooks that fit the conversation into the model's context window (assemble, compact)."""
+
     agent_id: str = Field("", max_length=200)
-    system_prompt: str = ""
     messages: list[Message]
     context_window_tokens: int = Field(200_000, gt=0)
 
@@ -81,22 +82,27 @@ class AssembleRequest(_Conversation):
     def reshape(cls, req, how):
         req = super().reshape(req, how)
         req["context_window_tokens"] = _positive_int(req.get("context_window_tokens"), how.context_window_tokens)
+        return req
+
+
+class AssembleRequest(_Window):
+    system_prompt: str = ""
+
+    @classmethod
+    def reshape(cls, req, how):
+        req = super().reshape(req, how)
         req.setdefault("system_prompt", "")
         return req
 
 
-class CompactRequest(_Conversation):
-    agent_id: str = Field("", max_length=200)
-    messages: list[Message]
+class CompactRequest(_Window):
     model: str = ""
-    context_window_tokens: int = Field(200_000, gt=0)
 
     @classmethod
     def reshape(cls, req, how):
         from engine.default_engine import token_pressure  # the default engine's measure, as plugins see it
 
         req = super().reshape(req, how)
-        req["context_window_tokens"] = _positive_int(req.get("context_window_tokens"), how.context_window_tokens)
         req.setdefault("model", "")
         req.setdefault("token_pressure", token_pressure(req["messages"], int(req["context_window_tokens"])))
         return req
