@@ -1,7 +1,8 @@
 """Which jobs ask for agent affinity (`affinity = "agent"` in plugin.toml, docs/scale-out.md).
 
 The web tier asks this for every hook job it queues with an agent id, so the answer is kept for a second: a
-manifest edit or a configuration change takes effect on the next second's jobs.
+manifest edit or a configuration change takes effect on the next second's jobs. It reads the process's catalog and
+config (plugins_app/home.py): the web tier builds no ContextEngine.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
-from plugins_app.services.engine import get_engine
+from plugins_app.home import catalog as plugin_catalog
+from plugins_app.home import config_cache
 
 TTL_SECS = 1.0
 _cache: dict[tuple[str, str], tuple[float, bool]] = {}
@@ -39,11 +41,11 @@ def forget() -> None:
 def _plugins_of(kind: str, plugin: str) -> list[str]:
     if kind == "test_hook":
         return [plugin] if plugin else []
-    return list(get_engine().config.get().context_engine.chain)
+    return list(config_cache().get().context_engine.chain)
 
 
 def _affinity(name: str) -> str:
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     if not catalog.exists(name):
         return "none"
     loaded = catalog.get(name).plugin

@@ -22,10 +22,11 @@ from engine.plugins.bundles import BundleError
 from engine.prewarm import warm_plugin
 from engine.process import warmstart
 from plugins_app import bus
+from plugins_app.errors import PluginError
+from plugins_app.home import catalog as plugin_catalog
 from plugins_app.services import audit
 from plugins_app.services.bundles import PinsUnavailable, job_pins
-from plugins_app.services.engine import engine_for_job, get_engine, home
-from plugins_app.services.plugins import PluginError
+from plugins_app.services.engine import engine_for_job, home
 
 WAIT_SECS = 10.0
 
@@ -33,7 +34,7 @@ WAIT_SECS = 10.0
 # ---- web tier ----
 
 def _targets(name: str | None, pins: dict[str, str] | None) -> list[str]:
-    catalog = get_engine().catalog
+    catalog = plugin_catalog()
     if name is None:
         if pins is not None:
             return sorted(pins)
