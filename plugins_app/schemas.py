@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal, get_type_hints
 from ninja import Schema
 from pydantic import ConfigDict, Field, create_model
 
-from engine.hook_requests import HOOK_REQUEST_MODELS
 from plugins_app.selectors.plugins import PluginSummary
 
 
@@ -20,10 +19,6 @@ class ErrorBody(Schema):
 
 class ErrorEnvelope(Schema):
     error: ErrorBody
-
-
-# The hook request models live in the engine (engine/hook_requests.py): one contract for the API, MCP and the CLI.
-HOOK_REQUEST_SCHEMAS = HOOK_REQUEST_MODELS
 
 
 class HookReply(Schema):

@@ -19,8 +19,8 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from pydantic import ValidationError
 
+from engine import hook_requests
 from engine import hooks as H
-from plugins_app.schemas import HOOK_REQUEST_SCHEMAS
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors.examples import example_request
@@ -230,7 +230,7 @@ class Command(BaseCommand):
         self._summary(name)
         request = self._read_input(input) if input else example_request(hook)
         try:
-            HOOK_REQUEST_SCHEMAS[hook].model_validate(request)
+            hook_requests.check(hook, request)
         except ValidationError as exc:
             raise CommandError(f"invalid {hook} request: {exc}", returncode=2) from exc
 
@@ -381,13 +381,8 @@ def _run_test_hook(name: str, hook: str, request: dict, timeout: float | None) -
 
     from plugins_app import bus
     from plugins_app.services import hooks as hook_service
-    from plugins_app.services.engine import get_engine
 
-    engine = get_engine()
-    entry = engine.catalog.get(name)
-    if entry.plugin is not None and not timeout:
-        timeout = H.timeout_for(hook, entry.plugin.manifest.hooks)
-    timeout = timeout or 30.0
+    timeout = timeout or plugin_selectors.hook_timeout_secs(name, hook)
     try:
         workers = async_to_sync(bus.live_workers)()
     except Exception:
@@ -395,7 +390,9 @@ def _run_test_hook(name: str, hook: str, request: dict, timeout: float | None) -
     if workers:
         reply = async_to_sync(hook_service.test_hook)(name, hook, request, timeout)
         return reply, f"via worker ({len(workers)} alive)"
-    attempt = engine.test_hook(name, hook, request)
+    from plugins_app.services.engine import get_engine
+
+    attempt = get_engine().test_hook(name, hook, request)
     try:
         from plugins_app.services.engine import invocation_sink
 
