@@ -38,7 +38,7 @@ def prefix(settings):
 
 
 def put(hook: str, request: dict, *, stream: str | None = None, kind: str = "hook") -> str:
-    job_id, fields = bus._fields(kind, hook, request, None, False)
+    job_id, fields = bus.job_fields(kind, hook, request, None, False)
     bus.client().xadd(stream or bus.stream_key(), fields)
     return job_id
 
@@ -195,13 +195,13 @@ def test_a_live_worker_moves_a_dead_hosts_jobs_to_the_agents_new_host():
     assert live.rehome_dead_hosts() == 3
     r = bus.client()
     assert r.xlen(dead.host_stream) == 0 and pending(dead.host_stream) == 0
-    moved = [bus._parse(e, f, stream=live.host_stream) for e, f in r.xrange(live.host_stream)]
+    moved = [bus.parse_job(e, f, stream=live.host_stream) for e, f in r.xrange(live.host_stream)]
     assert sorted(j.request["agent_id"] for j in moved if j.signed) == ["a1", "a2"]
     assert all(j.deliveries == 2 for j in moved if j.signed)  # checked against JobRecord before running again
     assert read_id in {j.id for j in moved}
     assert all(j.signed for j in moved)
     # the forged entry goes on as it came, to the shared stream, where a worker refuses and audits it
-    (refused,) = [bus._parse(e, f) for e, f in r.xrange(bus.stream_key())]
+    (refused,) = [bus.parse_job(e, f) for e, f in r.xrange(bus.stream_key())]
     assert refused.id == "f1" and not refused.signed
     assert live.rehome_dead_hosts() == 0
 
