@@ -1,5 +1,5 @@
 """The worker loop in steps (plugins_app/services/worker_loop.py), agent affinity on the job stream and prewarm
-through the control stream (plugins_app/bus.py), against real Redis and the real engine."""
+through the control stream (plugins_app/bus/), against real Redis and the real engine."""
 
 from __future__ import annotations
 
@@ -169,6 +169,29 @@ async def test_jobs_of_an_agent_go_to_one_live_host_when_its_plugin_asks_for_aff
     assert r.xlen(bus.stream_key()) == 2 and sum(r.xlen(s.host_stream) for s in (a, b)) == 12
     stats = await bus.queue_stats()  # health and the dashboard count the host streams' backlog too
     assert stats["length"] == 14 and stats["lag"] == 14 and stats["pending"] == 0
+
+
+def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
+    make_plugin(home.plugins_dir, "sticky", {"ingest": PY_ECHO_INGEST}, top_extra='affinity = "agent"')
+    write_config(home.root, plugin="sticky")
+    streams = {s.host: s for s in (new_stream(host="hostA", beat=True), new_stream(host="hostB", beat=True))}
+    chosen = streams[bus.host_for("agent-7", ["hostA", "hostB"])]
+    seen: list[bus.Job] = []
+
+    def answer_one():  # the chosen host's worker: replies to the first job it reads, from whichever stream
+        while not seen:
+            for job in chosen.read(count=1, block_ms=200):
+                seen.append(job)
+                chosen.reply(job, {"echo": job.request})
+                chosen.ack(job)
+
+    worker = threading.Thread(target=answer_one, daemon=True)
+    worker.start()
+    reply = bus.submit_and_wait_sync("hook", "ingest", {"agent_id": "agent-7", "message": "m"}, 20)
+    worker.join(5)
+    assert reply == {"echo": {"agent_id": "agent-7", "message": "m"}}
+    (job,) = seen
+    assert job.key[0] == chosen.host_stream  # the agent's host stream, not the shared one
 
 
 def test_the_same_agent_keeps_its_host_while_others_come_and_go():
