@@ -1,4 +1,4 @@
-"""The web tier's side of the job bus (plugins_app/bus.py), against real Redis: one reply listener per event loop
+"""The web tier's side of the job bus (plugins_app/bus/hub.py), against real Redis: one reply listener per event loop
 resolves many waiting calls, a reply the listener missed is still read from its list, and an unreachable Redis is
 reported at once as BusUnavailable (never a stored-looking success)."""
 
