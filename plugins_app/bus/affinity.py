@@ -101,10 +101,9 @@ async def route(kind: str, plugin: str, request: Any, hosts: LiveHosts, r: aredi
     if agent is None:
         return stream_key()
     try:
-        host = host_for(agent, await hosts.get(r))
-    except REDIS_DOWN:
-        host = None  # the XADD that follows reports the outage
-    return host_stream_key(host) if host else stream_key()
+        return _stream_of(host_for(agent, await hosts.get(r)))
+    except REDIS_DOWN:  # the XADD that follows reports the outage
+        return stream_key()
 
 
 def route_sync(kind: str, plugin: str, request: Any, r: redis.Redis) -> str:
@@ -113,9 +112,12 @@ def route_sync(kind: str, plugin: str, request: Any, r: redis.Redis) -> str:
     if agent is None:
         return stream_key()
     try:
-        host = host_for(agent, live_hosts(r))
-    except REDIS_DOWN:
-        host = None  # the XADD that follows reports the outage
+        return _stream_of(host_for(agent, live_hosts(r)))
+    except REDIS_DOWN:  # the XADD that follows reports the outage
+        return stream_key()
+
+
+def _stream_of(host: str | None) -> str:
     return host_stream_key(host) if host else stream_key()
 
 
@@ -157,8 +159,7 @@ def _rehome(r: redis.Redis, source: str, live: list[str]) -> int:
                 except ValueError:
                     request = None
                 agent = request.get("agent_id") if isinstance(request, dict) else None
-                host = host_for(str(agent), live) if agent else None
-                target = host_stream_key(host) if host else stream_key()
+                target = _stream_of(host_for(str(agent), live) if agent else None)
                 copy["moved"] = "1"
                 copy["sig"] = sign(copy)
             pipe.xadd(target, copy)

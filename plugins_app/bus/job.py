@@ -43,12 +43,17 @@ class Job:
         return self.stream or stream_key(), self.entry_id
 
 
+# Jobs that run plugin code name the exact plugin versions, when the operator turned pinning on (multi-host).
+PINNED_KINDS = ("hook", "test_hook")
+
+
 # Set by a caller (the /mcp server) around its calls: the jobs it queues carry this origin.
 JOB_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("job_origin", default="")
 
 
 def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
-            plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
+               plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
+    """(job id, the signed fields of its stream entry)."""
     job_id = uuid.uuid4().hex
     now = time.time()
     fields = {
@@ -70,10 +75,6 @@ def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, 
     return job_id, fields
 
 
-# Jobs that run plugin code name the exact plugin versions, when the operator turned pinning on (multi-host).
-PINNED_KINDS = ("hook", "test_hook")
-
-
 def _pin_versions(fields: dict[str, str]) -> None:
     from plugins_app.services.bundles import PinsUnavailable, job_pins
 
@@ -87,6 +88,7 @@ def _pin_versions(fields: dict[str, str]) -> None:
 
 
 def parse_job(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream: str = "") -> Job:
+    """The Job of a stream entry; one whose signature or fields do not hold up comes back with signed=False."""
     signed = signature_ok(fields)
     if fields.get("moved"):  # moved off a dead host's stream: it may have run there already (dedup by JobRecord)
         deliveries = max(deliveries, 2)
