@@ -42,7 +42,7 @@ def put_jobs(n: int) -> None:
     r = bus.client()
     pipe = r.pipeline(transaction=False)
     for i in range(n):
-        _, fields = bus._fields("hook", "after_turn", {"agent_id": f"a{i % 7}", "messages": []}, 60, True)
+        _, fields = bus.job_fields("hook", "after_turn", {"agent_id": f"a{i % 7}", "messages": []}, 60, True)
         pipe.xadd(bus.stream_key(), fields)
     pipe.execute()
 

@@ -270,7 +270,7 @@ def _test_hook_timeout(name: str, hook: str) -> float:
     if not settings.script_for(hook):
         raise ApiError(400, "hook_not_declared", f"plugin {name!r} does not declare the {hook} hook",
                        {"declared": sorted(settings.declared_hooks())})
-    return settings.hook_timeout_secs * (2 if hook == H.BOOTSTRAP else 1)
+    return H.timeout_for(hook, settings)
 
 
 @router.post("/{name}/test-hook", auth=OWNER, response={200: TestHookOut, **E}, operation_id="plugins_test_hook")

@@ -2,7 +2,7 @@
 
 Web tier: scaffold/install/update/reload/edit publish the plugin directory as a bundle and make it the active one;
 uninstall retires it. With LIBREFANG_PIN_BUNDLES=1 every hook job names the active bundle of each enabled plugin
-and the context-engine configuration (plugins_app/bus.py, `bundles` and `engine_config`, both signed).
+and the context-engine configuration (plugins_app/bus/job.py, `bundles` and `engine_config`, both signed).
 
 Worker: a job that names bundles runs exactly those versions, unpacked on first use from the database into
 `$LIBREFANG_HOME/bundles/<hash>/<plugin>/` and verified against the hash. A job without them runs from the local plugin

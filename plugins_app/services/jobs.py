@@ -156,7 +156,7 @@ def _store(job: Job, state: str, source: str, reason: str, stream: JobStream) ->
 
 class OutcomeWriter:
     """The worker's outcome thread: stores the JobRecords of the jobs finished since its last round in one INSERT
-    and acks those jobs in one Redis round trip (plugins_app/bus.py JobStream.ack_many). A bounded queue: when the
+    and acks those jobs in one Redis round trip (plugins_app/bus/stream.py JobStream.ack_many). A bounded queue: when the
     database is slower than the hooks, job threads wait here instead of piling outcomes up in memory."""
 
     QUEUE_MAX = 1000

@@ -1,7 +1,7 @@
 """Prewarm (LibreFang's `POST /plugins/prewarm` and `/plugins/{name}/prewarm`): every live worker starts the
 warm-start zygotes of the plugins' python hooks and fetches their pinned bundles, so the next call pays neither.
 
-The web tier posts one request on the bus's control stream (plugins_app/bus.py); each worker's control thread
+The web tier posts one request on the bus's control stream (plugins_app/bus/control.py); each worker's control thread
 (plugins_app/management/commands/worker.py) runs `warm_here` and answers; the route reports per worker what it
 confirmed, and lists the workers that heartbeat but did not answer in time. Nothing is reported warmed that a worker
 did not confirm.

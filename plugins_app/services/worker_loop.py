@@ -1,7 +1,7 @@
 """The worker loop in steps (`librefang worker`, plugins_app/management/commands/worker.py).
 
 `read_once` takes up to the free slots' worth of new jobs and starts them; `reclaim_once` takes up jobs pending on
-dead workers, our own lost deliveries, and moves the jobs of dead hosts (agent affinity, plugins_app/bus.py);
+dead workers, our own lost deliveries, and moves the jobs of dead hosts (agent affinity, plugins_app/bus/affinity.py);
 `cycle` is one turn of the loop. Each step raises what Redis raises: the caller (run, or a test) decides to back off.
 Jobs run on a thread pool of `concurrency` threads; a semaphore of as many slots keeps the loop from reading more
 than it can start.

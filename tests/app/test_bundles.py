@@ -114,12 +114,12 @@ def test_it_publishes_on_scaffold_and_reload_and_retires_on_uninstall(home, pinn
 def test_it_signs_the_bundles_a_job_names(home, pinning):
     name = f"b-{uuid.uuid4().hex[:6]}"
     plugin_service.scaffold_plugin(name, "", "python", ["ingest"], actor="test")
-    _, fields = bus._fields("hook", "ingest", {}, 30, True)
-    job = bus._parse("1-0", fields)
+    _, fields = bus.job_fields("hook", "ingest", {}, 30, True)
+    job = bus.parse_job("1-0", fields)
     assert job.signed and job.bundles == {name: ActivePlugin.objects.get(name=name).bundle_hash}
     tampered = {**fields, "bundles": json.dumps({name: "0" * 64})}
-    assert not bus._parse("1-0", tampered).signed
-    _, plain = bus._fields("install_deps", "", {}, 30, True, name)
+    assert not bus.parse_job("1-0", tampered).signed
+    _, plain = bus.job_fields("install_deps", "", {}, 30, True, name)
     assert "bundles" not in plain
 
 
@@ -130,10 +130,10 @@ def test_a_worker_without_the_plugin_runs_exactly_the_version_the_job_names(home
     _write_ingest(home, name, "v1")
     plugin_service.reload_plugin(name, actor="test")
     plugin_service.set_engine_config(name, None, actor="test")
-    old_job = bus._parse("1-0", bus._fields("hook", "ingest", {"agent_id": "a", "message": "m"}, 60, True)[1])
+    old_job = bus.parse_job("1-0", bus.job_fields("hook", "ingest", {"agent_id": "a", "message": "m"}, 60, True)[1])
     _write_ingest(home, name, "v2")
     plugin_service.reload_plugin(name, actor="test")
-    new_job = bus._parse("1-0", bus._fields("hook", "ingest", {"agent_id": "a", "message": "m"}, 60, True)[1])
+    new_job = bus.parse_job("1-0", bus.job_fields("hook", "ingest", {"agent_id": "a", "message": "m"}, 60, True)[1])
 
     # another host: no plugins, no config.toml (jobs were verified above, with the web tier's bus key)
     worker_home = tmp_path / "worker-home"

@@ -55,7 +55,7 @@ def test_it_is_ok_with_a_live_worker_and_reports_ages_lag_and_pending(client, pr
     assert worker["worker"] == "w1" and 0 <= worker["heartbeat_age_secs"] < 5
     assert 0 <= body["last_read_age_secs"] < 5
     assert body["queue"] == {"length": 0, "pending": 0, "lag": 0}
-    _job_id, fields = bus._fields("hook", "after_turn", {}, None, False)
+    _job_id, fields = bus.job_fields("hook", "after_turn", {}, None, False)
     stream.r.xadd(stream.stream, fields)
     stream.r.xadd(stream.stream, fields)
     stream.read(count=1, block_ms=10)  # one delivered (pending), one still waiting (lag)
@@ -65,7 +65,7 @@ def test_it_is_ok_with_a_live_worker_and_reports_ages_lag_and_pending(client, pr
 def test_it_is_degraded_when_jobs_wait_and_no_worker_reads(client, prefix):
     stream = bus.JobStream(consumer="w2")
     stream.ensure_group()
-    _job_id, fields = bus._fields("hook", "after_turn", {}, None, False)
+    _job_id, fields = bus.job_fields("hook", "after_turn", {}, None, False)
     stream.r.xadd(stream.stream, fields)
     beat(stream, time.time() - 60)  # alive, but its loop has not read for a minute (wedged)
     status, body = health(client)

@@ -1,4 +1,4 @@
-"""The web tier's side of the job bus (plugins_app/bus.py), against real Redis: one reply listener per event loop
+"""The web tier's side of the job bus (plugins_app/bus/hub.py), against real Redis: one reply listener per event loop
 resolves many waiting calls, a reply the listener missed is still read from its list, and an unreachable Redis is
 reported at once as BusUnavailable (never a stored-looking success)."""
 
@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from plugins_app import bus
+from plugins_app.bus.hub import current_hub
 from plugins_app.services import hooks as hook_service
 
 
@@ -55,7 +56,7 @@ async def test_it_answers_many_waiting_calls_through_one_listener(prefix):
     replies = await asyncio.gather(*(bus.submit_and_wait("ingest", {"n": i}, 20) for i in range(200)))
     assert [r["echo"]["n"] for r in replies] == list(range(200))  # each call got its own reply
     worker.join(5)
-    hub = bus._hub()
+    hub = current_hub()
     assert not hub.waiters
     pool = hub.r.connection_pool
     opened = len(pool._available_connections) + len(pool._in_use_connections)

@@ -1,4 +1,4 @@
-"""The job bus runs only what it signed (plugins_app/bus.py, plugins_app/services/jobs.py): entries forged or
+"""The job bus runs only what it signed (plugins_app/bus/signing.py, plugins_app/services/jobs.py): entries forged or
 tampered with on the stream, and any hook of a disabled plugin, never run. Real Redis, real engine, real hooks."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ import stat
 import uuid
 
 import pytest
+import redis
 
 from plugins_app import bus
+from plugins_app.bus import signing
 from plugins_app.models import AuditEntry, JobRecord
 from plugins_app.services import jobs
 from tests.app.recording_fixtures import _flush_recording, _release_writer_connection  # noqa: F401
@@ -50,7 +52,7 @@ def put(stream, fields: dict[str, str]) -> list[bus.Job]:
 
 
 def signed_fields(kind="hook", hook="ingest", request=REQUEST, plugin=""):
-    _job_id, fields = bus._fields(kind, hook, request, 30, False, plugin)
+    _job_id, fields = bus.job_fields(kind, hook, request, 30, False, plugin)
     return fields
 
 
@@ -83,7 +85,7 @@ def test_it_drops_an_entry_signed_with_another_key(stream, marker):
     import hmac
 
     fields = signed_fields()
-    fields["sig"] = hmac.new(b"not-our-key", bus._canonical(fields), hashlib.sha256).hexdigest()
+    fields["sig"] = hmac.new(b"not-our-key", signing.canonical(fields), hashlib.sha256).hexdigest()
     (job,) = put(stream, fields)
     assert_dropped_and_audited(stream, job, marker)
 
@@ -97,7 +99,7 @@ def test_it_drops_a_signed_entry_whose_fields_were_changed(stream, marker):
 
 def test_it_never_runs_a_test_hook_of_a_disabled_plugin_even_when_signed(stream, marker, home):
     (home.plugins_dir / "marker" / ".disabled").touch()
-    _job_id, fields = bus._fields("test_hook", "ingest", REQUEST, 30, True, "marker")
+    _job_id, fields = bus.job_fields("test_hook", "ingest", REQUEST, 30, True, "marker")
     (job,) = put(stream, fields)
     assert job.signed
     assert jobs.process(job, stream) == JobRecord.State.FAILED
@@ -113,14 +115,14 @@ def test_it_keeps_the_key_owner_only_and_shared_by_every_process(home, settings)
     key = bus.bus_key()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text().strip().encode() == key and len(key) == 64
-    bus._key_cache.clear()  # another process reads the same file
+    signing._key_cache.clear()  # another process reads the same file
     assert bus.bus_key() == key
 
 
 def test_it_retries_an_ack_kept_while_redis_was_unreachable(stream, marker):
     (job,) = put(stream, signed_fields())
     good = stream.r
-    stream.r = bus.redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens there
+    stream.r = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens there
     try:
         assert jobs.process(job, stream) == JobRecord.State.DONE  # finished while Redis is "down"
         assert stream.deferred_count() == 1 and job.key in stream.holding

@@ -84,13 +84,13 @@ async def test_it_refuses_arguments_the_rest_route_would_refuse(home):
 def test_it_queues_jobs_with_the_mcp_origin_signed(prefix):
     token = bus.JOB_ORIGIN.set("mcp")
     try:
-        _, fields = bus._fields("hook", "ingest", {"agent_id": "a"}, 5, True)
+        _, fields = bus.job_fields("hook", "ingest", {"agent_id": "a"}, 5, True)
     finally:
         bus.JOB_ORIGIN.reset(token)
-    job = bus._parse("1-0", fields)
+    job = bus.parse_job("1-0", fields)
     assert job.signed and job.origin == "mcp"
-    _, plain = bus._fields("hook", "ingest", {"agent_id": "a"}, 5, True)
-    assert "origin" not in plain and bus._parse("1-1", plain).origin == ""
+    _, plain = bus.job_fields("hook", "ingest", {"agent_id": "a"}, 5, True)
+    assert "origin" not in plain and bus.parse_job("1-1", plain).origin == ""
 
 
 @pytest.mark.django_db(transaction=True)

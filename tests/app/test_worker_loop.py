@@ -1,5 +1,5 @@
 """The worker loop in steps (plugins_app/services/worker_loop.py), agent affinity on the job stream and prewarm
-through the control stream (plugins_app/bus.py), against real Redis and the real engine."""
+through the control stream (plugins_app/bus/), against real Redis and the real engine."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def prefix(settings):
 
 
 def put(hook: str, request: dict, *, stream: str | None = None, kind: str = "hook") -> str:
-    job_id, fields = bus._fields(kind, hook, request, None, False)
+    job_id, fields = bus.job_fields(kind, hook, request, None, False)
     bus.client().xadd(stream or bus.stream_key(), fields)
     return job_id
 
@@ -171,6 +171,29 @@ async def test_jobs_of_an_agent_go_to_one_live_host_when_its_plugin_asks_for_aff
     assert stats["length"] == 14 and stats["lag"] == 14 and stats["pending"] == 0
 
 
+def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
+    make_plugin(home.plugins_dir, "sticky", {"ingest": PY_ECHO_INGEST}, top_extra='affinity = "agent"')
+    write_config(home.root, plugin="sticky")
+    streams = {s.host: s for s in (new_stream(host="hostA", beat=True), new_stream(host="hostB", beat=True))}
+    chosen = streams[bus.host_for("agent-7", ["hostA", "hostB"])]
+    seen: list[bus.Job] = []
+
+    def answer_one():  # the chosen host's worker: replies to the first job it reads, from whichever stream
+        while not seen:
+            for job in chosen.read(count=1, block_ms=200):
+                seen.append(job)
+                chosen.reply(job, {"echo": job.request})
+                chosen.ack(job)
+
+    worker = threading.Thread(target=answer_one, daemon=True)
+    worker.start()
+    reply = bus.submit_and_wait_sync("hook", "ingest", {"agent_id": "agent-7", "message": "m"}, 20)
+    worker.join(5)
+    assert reply == {"echo": {"agent_id": "agent-7", "message": "m"}}
+    (job,) = seen
+    assert job.key[0] == chosen.host_stream  # the agent's host stream, not the shared one
+
+
 def test_the_same_agent_keeps_its_host_while_others_come_and_go():
     hosts = [f"h{i}" for i in range(5)]
     agents = [f"agent-{i}" for i in range(200)]
@@ -195,13 +218,13 @@ def test_a_live_worker_moves_a_dead_hosts_jobs_to_the_agents_new_host():
     assert live.rehome_dead_hosts() == 3
     r = bus.client()
     assert r.xlen(dead.host_stream) == 0 and pending(dead.host_stream) == 0
-    moved = [bus._parse(e, f, stream=live.host_stream) for e, f in r.xrange(live.host_stream)]
+    moved = [bus.parse_job(e, f, stream=live.host_stream) for e, f in r.xrange(live.host_stream)]
     assert sorted(j.request["agent_id"] for j in moved if j.signed) == ["a1", "a2"]
     assert all(j.deliveries == 2 for j in moved if j.signed)  # checked against JobRecord before running again
     assert read_id in {j.id for j in moved}
     assert all(j.signed for j in moved)
     # the forged entry goes on as it came, to the shared stream, where a worker refuses and audits it
-    (refused,) = [bus._parse(e, f) for e, f in r.xrange(bus.stream_key())]
+    (refused,) = [bus.parse_job(e, f) for e, f in r.xrange(bus.stream_key())]
     assert refused.id == "f1" and not refused.signed
     assert live.rehome_dead_hosts() == 0
 

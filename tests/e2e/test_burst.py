@@ -1,6 +1,6 @@
 """300 agents call a healthy plugin at the same moment: every one is answered by the plugin, none by a fallback.
 
-A waiting call holds no Redis connection of its own (plugins_app/bus.py: one reply listener per web process and a
+A waiting call holds no Redis connection of its own (plugins_app/bus/hub.py: one reply listener per web process and a
 pipelined writer), so a burst queues instead of failing over to the default engine.
 """
 

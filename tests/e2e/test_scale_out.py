@@ -281,6 +281,6 @@ def test_prewarm_then_agent_affinity_across_two_worker_hosts(cluster):
         assert worker_of(cluster, marker) == survivor_home
     assert wait_until(lambda: {f"{target}|late-{i}" for i in range(3)} <= set(ran(survivor_home)), 60), \
         ran(survivor_home)
-    # they were in the dead host's stream: the survivor moved them (plugins_app/bus.py, rehome_dead_hosts)
+    # they were in the dead host's stream: the survivor moved them (plugins_app/bus/affinity.py, rehome_dead_hosts)
     moved = re.findall(r"moved (\d+) job\(s\) of worker hosts", (cluster.logs / f"{survivor_home.name}.log").read_text())
     assert sum(int(n) for n in moved) >= 3, moved

@@ -7,7 +7,7 @@ jobs it started and exits.
 
 Redis may go away at any moment: every step here survives it. A failed read gives its slots back, the loop waits
 with a capped backoff (0.1 s doubling to 2 s) and resumes by itself; replies and acks of jobs finished meanwhile are
-kept and sent when Redis is back (plugins_app/bus.py, JobStream.flush_deferred).
+kept and sent when Redis is back (plugins_app/bus/stream.py, JobStream.flush_deferred).
 """
 
 from __future__ import annotations

@@ -1,0 +1,41 @@
+"""The job bus: the only package that talks to the Redis job stream between web tier and workers.
+
+Jobs are signed stream entries in one consumer group, so any number of workers on any number of machines share
+them; a worker XACKs a job only after its outcome is stored. Read it in this order:
+
+- keys.py      the Redis key names (all under LIBREFANG_REDIS_PREFIX)
+- clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch
+- signing.py   the shared key and the HMAC every job and control entry carries
+- job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
+- hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain
+- submit.py    web side: enqueue, submit_and_wait, submit_and_wait_sync
+- status.py    ping, live workers, queue depth (health, dashboard, CLI)
+- affinity.py  agent affinity (docs/scale-out.md): host ids, rendezvous choice, moving a dead host's jobs
+- stream.py    worker side: JobStream (read, reclaim, reply, ack, deferred outcomes, heartbeat)
+- control.py   the control stream: prewarm requests to every worker and their answers
+
+Callers import from `plugins_app.bus` only (the names below); nothing outside this package uses the stream's Redis
+keys (tests/app/test_bus_boundary.py checks it).
+"""
+
+from plugins_app.bus.affinity import host_for, worker_host_id
+from plugins_app.bus.clients import REDIS_DOWN, BusCapacity, BusDraining, BusUnavailable, aclient, client
+from plugins_app.bus.control import prewarm
+from plugins_app.bus.hub import drain, replies_reachable
+from plugins_app.bus.job import JOB_ORIGIN, PINNED_KINDS, Job, job_fields, parse_job
+from plugins_app.bus.keys import GROUP, heartbeat_key, host_stream_key, prefixed_key, reply_key, stream_key
+from plugins_app.bus.signing import bus_key, bus_key_path, sign, signature_ok
+from plugins_app.bus.status import live_workers, ping, queue_stats, worker_alive
+from plugins_app.bus.stream import JobStream
+from plugins_app.bus.submit import enqueue, submit_and_wait, submit_and_wait_sync
+
+# The names these had while the bus was one module (bus.py); branches written before the split still use them.
+_fields, _parse, _key = job_fields, parse_job, prefixed_key
+
+__all__ = [
+    "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "BusCapacity", "BusDraining", "BusUnavailable", "Job",
+    "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue", "heartbeat_key", "host_for",
+    "host_stream_key", "job_fields", "live_workers", "parse_job", "ping", "prefixed_key", "prewarm", "queue_stats",
+    "replies_reachable", "reply_key", "sign", "signature_ok", "stream_key", "submit_and_wait", "submit_and_wait_sync",
+    "worker_alive", "worker_host_id",
+]

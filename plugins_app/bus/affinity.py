@@ -1,0 +1,172 @@
+"""Agent affinity (docs/scale-out.md): a job for an agent whose plugin asks for `affinity = "agent"` goes to the
+stream of one worker host, chosen by rendezvous hashing of the agent id over the hosts that heartbeat; the workers of
+that host read it besides the shared stream, and a live worker moves the jobs of a host that stopped heartbeating to
+the agent's new host."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from plugins_app.bus.clients import REDIS_DOWN
+from plugins_app.bus.job import PINNED_KINDS
+from plugins_app.bus.keys import (
+    GROUP,
+    heartbeat_key,
+    host_stream_key,
+    host_streams_key,
+    rehome_lock_key,
+    stream_key,
+)
+from plugins_app.bus.signing import sign, signature_ok
+
+log = logging.getLogger("librefang.bus")
+
+HOSTS_TTL_SECS = 1.0
+# Long enough for one worker to move a dead host's jobs; released as soon as it is done.
+REHOME_LOCK_MS = 30_000
+
+
+def worker_host_id(home: str | os.PathLike) -> str:
+    """What "one worker host" means for affinity: the machine and the $LIBREFANG_HOME its workers share (plugins
+    keep their files there). LIBREFANG_WORKER_HOST names it explicitly."""
+    named = os.environ.get("LIBREFANG_WORKER_HOST", "").strip()
+    if named:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in named)[:100]
+    home_tag = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()[:60]}-{home_tag}"
+
+
+def host_for(agent_id: str, hosts: list[str]) -> str | None:
+    """Rendezvous hashing: every web process picks the same host for an agent from the same live hosts, and a host
+    leaving moves only its own agents."""
+    if not hosts:
+        return None
+    return max(hosts, key=lambda h: hashlib.sha256(f"{h}\n{agent_id}".encode()).digest())
+
+
+def _hosts_of(beats: list[str | None]) -> list[str]:
+    return sorted({json.loads(raw).get("affinity_host") or "" for raw in beats if raw} - {""})
+
+
+def live_hosts(r: redis.Redis) -> list[str]:
+    """Host ids of the workers that heartbeat now."""
+    keys = list(r.scan_iter(match=heartbeat_key("*"), count=100))
+    return _hosts_of(r.mget(keys) if keys else [])
+
+
+class LiveHosts:
+    """live_hosts for the web tier, re-read at most once a second (one per event loop, kept by its hub)."""
+
+    def __init__(self) -> None:
+        self._at = 0.0
+        self._hosts: list[str] = []
+
+    async def get(self, r: aredis.Redis) -> list[str]:
+        if time.monotonic() - self._at < HOSTS_TTL_SECS:
+            return self._hosts
+        keys = [k async for k in r.scan_iter(match=heartbeat_key("*"), count=100)]
+        self._hosts = _hosts_of(await r.mget(keys) if keys else [])
+        self._at = time.monotonic()
+        return self._hosts
+
+
+def agent_to_route(kind: str, plugin: str, request: Any) -> str | None:
+    """The agent id when this job should go to its agent's host: a plugin it may run asks for agent affinity."""
+    agent = request.get("agent_id") if isinstance(request, dict) else None
+    if kind not in PINNED_KINDS or not agent:
+        return None
+    from plugins_app.services.affinity import wants_agent_affinity
+
+    try:
+        wanted = wants_agent_affinity(kind, plugin)
+    except Exception:  # a configuration that does not load: the job still goes out, as without affinity
+        log.warning("agent affinity unknown for %s %s; shared stream", kind, plugin or "(chain)", exc_info=True)
+        wanted = False
+    return str(agent) if wanted else None
+
+
+async def route(kind: str, plugin: str, request: Any, hosts: LiveHosts, r: aredis.Redis) -> str:
+    """The stream a job goes to: its agent's host stream when agent_to_route says so and a worker host is alive;
+    the shared stream otherwise."""
+    agent = agent_to_route(kind, plugin, request)
+    if agent is None:
+        return stream_key()
+    try:
+        return _stream_of(host_for(agent, await hosts.get(r)))
+    except REDIS_DOWN:  # the XADD that follows reports the outage
+        return stream_key()
+
+
+def route_sync(kind: str, plugin: str, request: Any, r: redis.Redis) -> str:
+    """route() for sync callers (no cache: they queue a job now and then)."""
+    agent = agent_to_route(kind, plugin, request)
+    if agent is None:
+        return stream_key()
+    try:
+        return _stream_of(host_for(agent, live_hosts(r)))
+    except REDIS_DOWN:  # the XADD that follows reports the outage
+        return stream_key()
+
+
+def _stream_of(host: str | None) -> str:
+    return host_stream_key(host) if host else stream_key()
+
+
+# ---- hosts that died (run by the workers) ----
+
+def rehome_dead_hosts(r: redis.Redis, consumer: str) -> int:
+    """Move every job still in the stream of a host that stopped heartbeating (never read, or read by a worker
+    that died) to the stream of its agent's host among the live ones. One worker does a host at a time (a lock
+    in Redis). The moved copy is marked, so a job that did finish on the dead host is recognised as a
+    duplicate by its JobRecord. Returns how many jobs moved."""
+    known = r.smembers(host_streams_key())
+    if not known:
+        return 0
+    live = live_hosts(r)
+    moved = 0
+    for host in sorted(set(known) - set(live)):
+        lock = rehome_lock_key(host)
+        if not r.set(lock, consumer, nx=True, px=REHOME_LOCK_MS):
+            continue
+        try:
+            moved += _rehome(r, host_stream_key(host), live)
+        finally:
+            r.delete(lock)
+    return moved
+
+
+def _rehome(r: redis.Redis, source: str, live: list[str]) -> int:
+    moved = 0
+    while True:
+        entries = [(e, f) for e, f in r.xrange(source, "-", "+", count=100)]
+        if not entries:
+            return moved
+        pipe = r.pipeline(transaction=False)
+        for _entry_id, fields in entries:
+            target, copy = stream_key(), dict(fields)
+            if signature_ok(fields):  # never sign what we could not verify: it goes on as it came, to be refused
+                try:
+                    request = json.loads(fields.get("request") or "null")
+                except ValueError:
+                    request = None
+                agent = request.get("agent_id") if isinstance(request, dict) else None
+                target = _stream_of(host_for(str(agent), live) if agent else None)
+                copy["moved"] = "1"
+                copy["sig"] = sign(copy)
+            pipe.xadd(target, copy)
+        pipe.execute()
+        ids = [e for e, _ in entries]
+        pipe = r.pipeline(transaction=False)
+        pipe.xack(source, GROUP, *ids)
+        pipe.xdel(source, *ids)
+        pipe.execute()
+        moved += len(ids)

@@ -1,0 +1,56 @@
+"""Redis clients of the bus, and what its callers catch when Redis is not there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+import redis.asyncio as aredis
+from django.conf import settings
+
+# Enqueue path: find out fast that Redis is gone, so the agent gets its fallback (or 503) within the deadline.
+CONNECT_TIMEOUT_SECS = 1.0
+SOCKET_TIMEOUT_SECS = 3.0
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class BusUnavailable(Exception):
+    """Redis could not be reached: nothing was stored."""
+
+
+class BusCapacity(Exception):
+    """Our own queue to Redis is full or too slow: nothing was stored."""
+
+
+class BusDraining(BusUnavailable):
+    """This web process is stopping: waiting calls are answered now instead of being cut off."""
+
+
+# The sync client serves the worker (XREADGROUP blocks 1 s at most) and short commands; blocking waits in sync
+# callers are cut into slices below the socket timeout.
+CLIENT_OPTIONS = {"decode_responses": True, "socket_timeout": 10, "socket_connect_timeout": 2,
+                  "socket_keepalive": True, "health_check_interval": 30}
+ASYNC_OPTIONS = {"decode_responses": True, "socket_timeout": SOCKET_TIMEOUT_SECS,
+                 "socket_connect_timeout": CONNECT_TIMEOUT_SECS, "socket_keepalive": True,
+                 "health_check_interval": 30}
+_sync_pools: dict[str, redis.ConnectionPool] = {}
+_async_clients: dict[tuple[int, str], aredis.Redis] = {}
+
+
+def client() -> redis.Redis:
+    pool = _sync_pools.get(settings.REDIS_URL)
+    if pool is None:
+        pool = _sync_pools[settings.REDIS_URL] = redis.ConnectionPool.from_url(settings.REDIS_URL, **CLIENT_OPTIONS)
+    return redis.Redis(connection_pool=pool)
+
+
+def aclient() -> aredis.Redis:
+    """One asyncio client per event loop for short commands (health, stats); waits queue for a connection."""
+    key = (id(asyncio.get_running_loop()), settings.REDIS_URL)
+    cl = _async_clients.get(key)
+    if cl is None:
+        pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=32,
+                                                      timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
+        cl = aredis.Redis(connection_pool=pool)
+        _async_clients[key] = cl
+    return cl

@@ -1,0 +1,215 @@
+"""The web side of the job stream, one hub per event loop (one per web process under daphne).
+
+XADDs go through one writer task that pipelines whatever is queued, so a burst queues instead of exhausting a pool.
+Blocking hooks carry a deadline and a reply channel: the hub keeps ONE subscriber connection on its own channel and
+resolves waiting calls by job id, so a waiting call holds no Redis connection; the worker also pushes the reply onto
+a short-lived list, read when the subscriber was reconnecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import uuid
+
+import redis.asyncio as aredis
+from django.conf import settings
+
+from plugins_app.bus.affinity import LiveHosts
+from plugins_app.bus.clients import (
+    ASYNC_OPTIONS,
+    REDIS_DOWN,
+    SOCKET_TIMEOUT_SECS,
+    BusCapacity,
+    BusDraining,
+    BusUnavailable,
+)
+from plugins_app.bus.keys import reply_channel_prefix, reply_key, stream_key
+
+log = logging.getLogger("librefang.bus")
+
+# Jobs waiting for the writer task beyond this are refused as our own capacity limit (never silently).
+OUTBOX_MAX = 20_000
+WRITE_BATCH_MAX = 500
+
+
+class Hub:
+    """Per event loop: the writer task that pipelines XADDs and the one subscriber that resolves waiting calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.url = settings.REDIS_URL
+        self.channel = reply_channel_prefix() + f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        pool = aredis.BlockingConnectionPool.from_url(self.url, max_connections=16,
+                                                      timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
+        self.r = aredis.Redis(connection_pool=pool)
+        self.outbox: asyncio.Queue[tuple[str, dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
+        self.waiters: dict[str, asyncio.Future] = {}
+        self.delivered: list[str] = []  # reply lists to delete (their reply already came by the channel)
+        self.subscribed = False
+        self.draining = ""
+        self.last_error: str = ""
+        self._tasks: list[asyncio.Task] = []
+        self.hosts = LiveHosts()  # where jobs with agent affinity go (plugins_app/bus/affinity.py)
+
+    def ensure_running(self) -> None:
+        if not self._tasks or any(t.done() for t in self._tasks):
+            for t in self._tasks:
+                t.cancel()
+            self._tasks = [asyncio.ensure_future(self._write_loop()), asyncio.ensure_future(self._listen_loop())]
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        self._tasks = []
+
+    # -- writing --
+
+    def drain(self, reason: str) -> None:
+        self.draining = reason
+        for fut in self.waiters.values():
+            if not fut.done():
+                fut.set_exception(BusDraining(reason))
+
+    async def xadd(self, fields: dict[str, str], timeout: float, stream: str = "") -> str:
+        if self.draining:
+            raise BusDraining(self.draining)
+        self.ensure_running()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        try:
+            self.outbox.put_nowait((stream or stream_key(), fields, fut))
+        except asyncio.QueueFull:
+            raise BusCapacity(f"{OUTBOX_MAX} jobs already waiting to be stored") from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            fut.cancel()  # the writer skips it: never stored after we said it was not
+            if self.last_error:
+                raise BusUnavailable(self.last_error) from None
+            raise BusCapacity(f"job not stored within {timeout:.1f}s ({self.outbox.qsize()} queued)") from None
+
+    async def _write_loop(self) -> None:
+        while True:
+            batch = [await self.outbox.get()]
+            while len(batch) < WRITE_BATCH_MAX and not self.outbox.empty():
+                batch.append(self.outbox.get_nowait())
+            batch = [(st, f, fut) for st, f, fut in batch if not fut.done()]
+            if not batch:
+                continue
+            try:
+                pipe = self.r.pipeline(transaction=False)
+                for target, fields, _ in batch:
+                    pipe.xadd(target, fields)
+                ids = await pipe.execute()
+                self.last_error = ""
+            except Exception as exc:  # Redis down or refusing: each caller hears why, nothing is retried for it
+                self.last_error = f"Redis unreachable ({type(exc).__name__}: {exc})"
+                err = BusUnavailable(self.last_error) if isinstance(exc, REDIS_DOWN) else exc
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                        fut.exception()  # marks it retrieved even if the caller already gave up
+                continue
+            for (_, _, fut), entry_id in zip(batch, ids, strict=True):
+                if not fut.done():
+                    fut.set_result(entry_id)
+
+    # -- replies --
+
+    def deliver(self, job_id: str, raw: str) -> None:
+        fut = self.waiters.get(job_id)
+        if fut is not None and not fut.done():
+            fut.set_result(json.loads(raw))
+
+    async def _sweep(self) -> None:
+        """Replies pushed while we were not subscribed are in their lists."""
+        ids = [job_id for job_id, fut in self.waiters.items() if not fut.done()]
+        for start in range(0, len(ids), 200):
+            chunk = ids[start:start + 200]
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.lpop(reply_key(job_id))
+            for job_id, raw in zip(chunk, await pipe.execute(), strict=True):
+                if raw:
+                    self.deliver(job_id, raw)
+
+    async def _drop_delivered(self) -> None:
+        keys, self.delivered = self.delivered, []
+        if keys:
+            await self.r.unlink(*keys)
+
+    async def _listen_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self.subscribed, backoff = True, 0.1
+                await self._sweep()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        job_id, _, raw = msg["data"].partition("\n")
+                        self.deliver(job_id, raw)
+                        self.delivered.append(reply_key(job_id))
+                    if len(self.delivered) >= 200 or (msg is None and self.delivered):
+                        await self._drop_delivered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.subscribed:
+                    log.warning("reply listener lost Redis (%s); reconnecting", exc)
+                self.subscribed = False
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+            finally:
+                self.subscribed = False
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+
+    async def wait(self, job_id: str, fut: asyncio.Future, timeout: float) -> dict | None:
+        try:
+            return await asyncio.wait_for(fut, max(0.01, timeout))
+        except TimeoutError:
+            try:  # last chance: a reply published while the listener was reconnecting
+                raw = await self.r.lpop(reply_key(job_id))
+            except Exception:
+                raw = None
+            return json.loads(raw) if raw else None
+
+
+_hubs: dict[int, Hub] = {}
+
+
+def current_hub() -> Hub:
+    """This event loop's hub, made on first use."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(id(loop))
+    if hub is None or hub.loop is not loop or hub.url != settings.REDIS_URL:
+        for key, old in list(_hubs.items()):  # hubs of loops that are gone (async_to_sync in commands, tests)
+            if old.loop.is_closed():
+                del _hubs[key]
+        if hub is not None and hub.loop is loop:
+            hub.close()  # REDIS_URL changed (tests): the old hub's tasks would talk to the old Redis
+        hub = Hub(loop)
+        _hubs[id(loop)] = hub
+    return hub
+
+
+def replies_reachable() -> bool:
+    """Whether this event loop's reply listener is subscribed (False: Redis went away while calls waited)."""
+    hub = _hubs.get(id(asyncio.get_running_loop()))
+    return hub is None or hub.subscribed
+
+
+def drain(reason: str) -> None:
+    """Answer every call of this process that waits for a reply now (they fall back), and store no new job: the
+    web process is stopping (librefang_site/asgi.py calls this on SIGTERM)."""
+    for hub in list(_hubs.values()):
+        hub.drain(reason)
+

@@ -1,0 +1,115 @@
+"""One job: the signed fields that go into a stream entry (job_fields) and the Job a worker reads back (parse_job)."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from plugins_app.bus.clients import BusUnavailable
+from plugins_app.bus.keys import reply_channel_prefix, stream_key
+from plugins_app.bus.signing import sign, signature_ok
+
+
+@dataclass
+class Job:
+    id: str  # our job id (also the reply key suffix)
+    entry_id: str  # the stream entry id
+    kind: str  # "hook" | "test_hook" | ...
+    hook: str
+    request: Any
+    deadline: float  # unix time; 0 = none (fire-and-forget)
+    wants_reply: bool
+    plugin: str = ""
+    enqueued_at: float = 0.0
+    deliveries: int = 1
+    reply_to: str = ""  # the web process's reply channel ("" = only the reply list)
+    signed: bool = True  # False: the entry's signature did not verify; it must never run
+    origin: str = ""  # who queued it when not an agent over REST ("mcp"): its traces say so
+    bundles: dict[str, str] | None = None  # plugin -> bundle hash to run (plugins_app/services/bundles.py)
+    engine_config: str = ""  # config.toml text that goes with `bundles`
+    stream: str = ""  # the stream it was read from ("" = the shared one)
+
+    @property
+    def expired(self) -> bool:
+        return bool(self.deadline) and time.time() > self.deadline
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Entry ids are unique per stream only."""
+        return self.stream or stream_key(), self.entry_id
+
+
+# Jobs that run plugin code name the exact plugin versions, when the operator turned pinning on (multi-host).
+PINNED_KINDS = ("hook", "test_hook")
+
+
+# Set by a caller (the /mcp server) around its calls: the jobs it queues carry this origin.
+JOB_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("job_origin", default="")
+
+
+def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
+               plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
+    """(job id, the signed fields of its stream entry)."""
+    job_id = uuid.uuid4().hex
+    now = time.time()
+    fields = {
+        "id": job_id,
+        "kind": kind,
+        "hook": hook,
+        "plugin": plugin,
+        "request": json.dumps(request),
+        "deadline": repr(now + deadline_secs) if deadline_secs else "0",
+        "reply": "1" if wants_reply else "0",
+        "reply_to": reply_to,
+        "enqueued_at": repr(now),
+    }
+    if JOB_ORIGIN.get():
+        fields["origin"] = JOB_ORIGIN.get()
+    if kind in PINNED_KINDS:
+        _pin_versions(fields)
+    fields["sig"] = sign(fields)
+    return job_id, fields
+
+
+def _pin_versions(fields: dict[str, str]) -> None:
+    from plugins_app.services.bundles import PinsUnavailable, job_pins
+
+    try:
+        pins = job_pins()
+    except PinsUnavailable as exc:  # callers treat it like Redis down: the agent gets the default engine
+        raise BusUnavailable(str(exc)) from exc
+    if pins is not None:
+        fields["bundles"] = json.dumps(pins[0], sort_keys=True)
+        fields["engine_config"] = pins[1]
+
+
+def parse_job(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream: str = "") -> Job:
+    """The Job of a stream entry; one whose signature or fields do not hold up comes back with signed=False."""
+    signed = signature_ok(fields)
+    if fields.get("moved"):  # moved off a dead host's stream: it may have run there already (dedup by JobRecord)
+        deliveries = max(deliveries, 2)
+    try:
+        request = json.loads(fields.get("request") or "null")
+        deadline = float(fields.get("deadline") or 0)
+        enqueued_at = float(fields.get("enqueued_at") or 0)
+        bundles = json.loads(fields["bundles"]) if "bundles" in fields else None
+        if bundles is not None and not (isinstance(bundles, dict)
+                                        and all(isinstance(v, str) for v in bundles.values())):
+            raise ValueError("bundles must map plugin names to hashes")
+    except ValueError:
+        request, deadline, enqueued_at, signed, bundles = None, 0.0, 0.0, False, None
+    reply_to = fields.get("reply_to", "")
+    if reply_to and not reply_to.startswith(reply_channel_prefix()):
+        reply_to, signed = "", False
+    return Job(
+        id=fields.get("id", entry_id), entry_id=entry_id, kind=fields.get("kind", "hook"),
+        hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
+        plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
+        signed=signed, origin=fields.get("origin", "")[:20], bundles=bundles,
+        engine_config=fields.get("engine_config", ""), stream=stream,
+    )
+
