@@ -43,15 +43,15 @@ PLUGINS_GROUP = "plugins"
 
 
 def _tail_key(plugin: str) -> str:
-    return bus._key("stderr", "tail", _name_part(plugin))
+    return bus.prefixed_key("stderr", "tail", _name_part(plugin))
 
 
 def _seq_key() -> str:
-    return bus._key("stderr", "seq")
+    return bus.prefixed_key("stderr", "seq")
 
 
 def _dropped_key() -> str:
-    return bus._key("stderr", "dropped")
+    return bus.prefixed_key("stderr", "dropped")
 
 
 def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[dict]:

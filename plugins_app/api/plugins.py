@@ -67,7 +67,6 @@ from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services import prewarm as prewarm_service
-from plugins_app.services.engine import get_engine
 
 router = Router(tags=["plugins"])
 PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
@@ -176,8 +175,8 @@ def _plugin_or_404(name: str, request: HttpRequest):
 def get_plugin(request, name: str = PluginPath):
     summary = _plugin_or_404(name, request)
     data = summary.to_dict()
-    entry = get_engine().catalog.get(name)
-    m = entry.plugin.manifest if entry.plugin else None
+    entry = plugin_selectors.installed_entry(name)
+    m = entry.plugin.manifest if entry is not None and entry.plugin else None
     if m is not None:
         data.update(requirements=m.requirements, plugin_depends=m.plugin_depends, integrity_count=len(m.integrity),
                     hook_timeout_secs=m.hooks.hook_timeout_secs, on_hook_failure=m.hooks.on_hook_failure,
@@ -259,18 +258,8 @@ def install_deps(request, name: str = PluginPath):
 
 
 def _test_hook_timeout(name: str, hook: str) -> float:
-    catalog = get_engine().catalog
-    if not catalog.exists(name):
-        raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
-    entry = catalog.get(name)
-    if entry.plugin is None:
-        raise ApiError(400, "invalid_manifest", f"plugin {name!r} cannot be loaded",
-                       [f.to_dict() for f in entry.problems])
-    settings = entry.plugin.manifest.hooks
-    if not settings.script_for(hook):
-        raise ApiError(400, "hook_not_declared", f"plugin {name!r} does not declare the {hook} hook",
-                       {"declared": sorted(settings.declared_hooks())})
-    return H.timeout_for(hook, settings)
+    """404/400 before anything runs (not installed, not loadable, hook not declared), else one attempt's timeout."""
+    return H.timeout_for(hook, plugin_selectors.runnable_hooks(name, [hook]))
 
 
 @router.post("/{name}/test-hook", auth=OWNER, response={200: TestHookOut, **E}, operation_id="plugins_test_hook")
@@ -292,7 +281,7 @@ async def test_hook(request, body: TestHookIn, name: str = PluginPath):
 # ---- more of LibreFang's per-plugin routes ----
 
 def _installed_or_404(name: str) -> None:
-    if not get_engine().catalog.exists(name):
+    if not plugin_selectors.is_installed(name):
         raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
 
 

@@ -29,9 +29,6 @@ from plugins_app.bus.status import live_workers, ping, queue_stats, worker_alive
 from plugins_app.bus.stream import JobStream
 from plugins_app.bus.submit import enqueue, submit_and_wait, submit_and_wait_sync
 
-# The names these had while the bus was one module (bus.py); branches written before the split still use them.
-_fields, _parse, _key = job_fields, parse_job, prefixed_key
-
 __all__ = [
     "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "BusCapacity", "BusDraining", "BusUnavailable", "Job",
     "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue", "heartbeat_key", "host_for",
