@@ -385,11 +385,22 @@ class PrewarmMissingOut(Open):
     pid: int | None
 
 
+class PrewarmIn(Schema):
+    plugins: list[str] = Field(default_factory=list, max_length=1000,
+                               description="the plugins to warm (LibreFang's body); empty or no body: every enabled one")
+
+
+class PrewarmResultOut(Open):
+    ok: bool
+    message: str
+
+
 class PrewarmOut(Open):
     plugins: list[str]
     workers: list[PrewarmWorkerOut]  # what each worker that answered confirmed
     missing: list[PrewarmMissingOut]  # workers that heartbeat but did not answer in time: nothing is claimed for them
     warmed_everywhere: bool
+    results: dict[str, PrewarmResultOut]  # LibreFang's per-plugin answer: ok only when every live worker confirmed
 
 
 class UpdateCheckOut(Open):

@@ -43,6 +43,7 @@ from plugins_app.schemas import (
     PluginOut,
     PluginStateOut,
     PluginStatusOut,
+    PrewarmIn,
     PrewarmOut,
     RegistriesOut,
     RegistrySearchOut,
@@ -143,11 +144,14 @@ def batch(request, body: BatchIn):
 
 
 @router.post("/prewarm", auth=OWNER, response={200: PrewarmOut, **E, 503: ErrorEnvelope},
-             operation_id="plugins_prewarm")
+             operation_id="plugins_prewarm", openapi_extra=optional_body_openapi(PrewarmIn))
 async def prewarm_all(request):
-    """Every live worker starts the warm-start zygotes of every enabled plugin's python hooks and fetches their
-    pinned bundles; the answer says what each worker confirmed within a few seconds, and which did not answer."""
-    return json_response(await prewarm_service.prewarm(None, actor(request)))
+    """Every live worker starts the warm-start zygotes of the python hooks of `plugins` (default: every enabled
+    plugin) and fetches their pinned bundles; the answer says what each worker confirmed within a few seconds, which
+    did not answer, and per plugin LibreFang's `{ok, message}` (a plugin that is not installed or is disabled gets
+    ok false, the others are still warmed)."""
+    body = json_body(request, PrewarmIn)
+    return json_response(await prewarm_service.prewarm(None, actor(request), only=body.plugins or None))
 
 
 @router.get("/registry/search", auth=VIEWER, response={200: RegistrySearchOut, **E, 502: ErrorEnvelope},

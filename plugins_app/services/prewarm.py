@@ -33,17 +33,28 @@ WAIT_SECS = 10.0
 
 # ---- web tier ----
 
-def _targets(name: str | None, pins: dict[str, str] | None) -> list[str]:
+def _targets(name: str | None, pins: dict[str, str] | None, only: list[str] | None = None
+             ) -> tuple[list[str], dict[str, str]]:
+    """The plugins to warm, and the asked-for ones that will not be (name -> why). One named plugin that cannot be
+    warmed is an error (404/409); in a list (LibreFang's `{"plugins": [...]}`) it is reported per plugin instead."""
     catalog = plugin_catalog()
-    if name is None:
+    if name is None and not only:
         if pins is not None:
-            return sorted(pins)
-        return [n for n in catalog.names() if catalog.get(n).enabled]
-    if not catalog.exists(name) and (pins is None or name not in pins):
-        raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
-    if (pins is not None and name not in pins) or (pins is None and not catalog.get(name).enabled):
-        raise PluginError("plugin_disabled", f"plugin {name!r} is disabled: its hooks do not run", 409)
-    return [name]
+            return sorted(pins), {}
+        return [n for n in catalog.names() if catalog.get(n).enabled], {}
+    names, refused = [], {}
+    for n in [name] if name is not None else dict.fromkeys(only):
+        if not catalog.exists(n) and (pins is None or n not in pins):
+            err = PluginError("not_found", f"plugin {n!r} is not installed", 404)
+        elif (pins is not None and n not in pins) or (pins is None and not catalog.get(n).enabled):
+            err = PluginError("plugin_disabled", f"plugin {n!r} is disabled: its hooks do not run", 409)
+        else:
+            names.append(n)
+            continue
+        if name is not None:
+            raise err
+        refused[n] = err.message
+    return names, refused
 
 
 def _pins() -> tuple[dict[str, str], str] | None:
@@ -53,29 +64,49 @@ def _pins() -> tuple[dict[str, str], str] | None:
         raise PluginError("unavailable", str(exc), 503) from exc
 
 
-async def prewarm(name: str | None, actor: str, wait_secs: float | None = None) -> dict[str, Any]:
-    """Warm `name` (or every enabled plugin) on every live worker; what each worker confirmed within `wait_secs`
-    (default WAIT_SECS)."""
+async def prewarm(name: str | None, actor: str, wait_secs: float | None = None,
+                  only: list[str] | None = None) -> dict[str, Any]:
+    """Warm `name` (or the plugins in `only`, or every enabled plugin) on every live worker; what each worker
+    confirmed within `wait_secs` (default WAIT_SECS)."""
     wait_secs = WAIT_SECS if wait_secs is None else wait_secs
     pins = await sync_to_async(_pins)()
-    names = await sync_to_async(_targets)(name, pins[0] if pins else None)
+    names, refused = await sync_to_async(_targets)(name, pins[0] if pins else None, only)
     if pins is not None:
         pins = ({n: h for n, h in pins[0].items() if n in names}, pins[1])
-    try:
-        raw = await bus.prewarm(names, wait_secs, pins)
-    except bus.BusUnavailable as exc:
-        raise PluginError("unavailable", f"cannot reach the workers: {exc}", 503) from exc
+    if names:
+        try:
+            raw = await bus.prewarm(names, wait_secs, pins)
+        except bus.BusUnavailable as exc:
+            raise PluginError("unavailable", f"cannot reach the workers: {exc}", 503) from exc
+    else:
+        raw = {"answers": [], "missing": []}
     workers = [_worker_report(a, names) for a in raw["answers"]]
     result = {
         "plugins": names,
         "workers": workers,
         "missing": raw["missing"],
-        "warmed_everywhere": bool(workers) and not raw["missing"] and all(w["ok"] for w in workers),
+        "warmed_everywhere": bool(workers) and not raw["missing"] and not refused and all(w["ok"] for w in workers),
+        "results": {**{n: _plugin_result(n, workers, raw["missing"]) for n in names},
+                    **{n: {"ok": False, "message": why} for n, why in refused.items()}},
     }
     await sync_to_async(audit.record)(actor, "plugin.prewarm", name or "*", ok=result["warmed_everywhere"],
                                       details={"plugins": names, "workers": len(workers),
                                                "missing": [m["worker"] for m in raw["missing"]]})
     return result
+
+
+def _plugin_result(name: str, workers: list[dict], missing: list[dict]) -> dict[str, Any]:
+    """LibreFang's per-plugin `{ok, message}`: ok only when every live worker answered and none failed it."""
+    failed = [f"{w['worker']}: {w['error'] or '; '.join(f'{h}: {why}' for h, why in p['failed'].items())}"
+              for w in workers for p in (w["plugins"] or [{"plugin": name, "failed": {}}])
+              if p.get("plugin") == name and (p.get("failed") or w["error"])]
+    if not workers:
+        return {"ok": False, "message": "no live worker answered"}
+    if failed:
+        return {"ok": False, "message": "failed on " + "; ".join(failed)}
+    if missing:
+        return {"ok": False, "message": f"pre-warmed on {len(workers)} worker(s); {len(missing)} did not answer"}
+    return {"ok": True, "message": f"pre-warmed on {len(workers)} worker(s)"}
 
 
 def _worker_report(answer: dict, names: list[str]) -> dict[str, Any]:

@@ -314,6 +314,32 @@ def test_prewarm_refuses_a_disabled_or_unknown_plugin(home, owner_api):
     assert r.status_code == 200 and r.json()["workers"] == [] and r.json()["warmed_everywhere"] is False
 
 
+def test_prewarm_takes_librefangs_plugin_list_and_answers_per_plugin(home, client, control_worker, monkeypatch):
+    make_plugin(home.plugins_dir, "warmme", {"ingest": PY_ECHO_INGEST})
+    make_plugin(home.plugins_dir, "off", {"ingest": PY_ECHO_INGEST})
+    (home.plugin_dir("off") / ".disabled").touch()
+    monkeypatch.setattr(prewarm_service, "WAIT_SECS", 3.0)
+    token = create_token("t-owner2", Role.OWNER)[1]
+    worker = control_worker()
+    wait_for_control_reader(worker)
+
+    r = client.post("/api/plugins/prewarm", {"plugins": ["warmme", "ghost", "off"]}, content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["plugins"] == ["warmme"]  # only what can run was sent to the workers
+    assert body["results"]["warmme"] == {"ok": True, "message": "pre-warmed on 1 worker(s)"}
+    assert body["results"]["ghost"]["ok"] is False and "not installed" in body["results"]["ghost"]["message"]
+    assert body["results"]["off"]["ok"] is False and "disabled" in body["results"]["off"]["message"]
+    assert body["warmed_everywhere"] is False  # two of the three asked for were not warmed
+    (answer,) = body["workers"]
+    assert [p["plugin"] for p in answer["plugins"]] == ["warmme"] and answer["zygote_pids"] == warmstart.zygote_pids()
+
+    r = client.post("/api/plugins/prewarm", {"plugins": "warmme"}, content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert r.status_code == 400  # not a list: refused, nothing warmed
+
+
 def test_the_plugin_page_button_and_the_cli_show_each_workers_answer(home, client, control_worker, monkeypatch):
     from django.contrib.auth.models import User
     from django.core.management.base import CommandError
