@@ -71,6 +71,9 @@ class HookCall:
     warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/process/warmstart.py)
     max_processes: int | None = None  # [hooks] max_processes (DEFAULT_MAX_PROCESSES when None)
     home_dir: Path | None = None  # $LIBREFANG_HOME, hidden from the hook but for its own dirs (Home.from_env() if None)
+    # `[wasm] capabilities` of the plugin (engine/invoke.py sets it from the manifest it already holds); None: the
+    # wasm runtime reads the manifest itself (engine/wasm/hooks.py).
+    wasm_capabilities: tuple[str, ...] | None = None
 
 
 @dataclass
