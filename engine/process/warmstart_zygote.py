@@ -99,6 +99,9 @@ def _serve(ctl, sandbox):
     children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
     spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None)
+    # The child running the call that took the last spare: the next spare is made once it has answered, so that
+    # preparing it (fork, cgroup join, namespaces) does not compete with the running hook for the CPU.
+    waiting = None
     shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
     leftover = []  # cgroups still busy when their call was reaped
     netns = {}  # plugin directory -> descriptor of its empty network namespace (sandbox.make_netns), newest last
@@ -134,6 +137,9 @@ def _serve(ctl, sandbox):
         remove(paths)
 
     def answer(child, status):
+        nonlocal waiting
+        if child is waiting:
+            waiting = None
         pid, reply, paths, _done = child
         if reply is None:
             return
@@ -167,7 +173,7 @@ def _serve(ctl, sandbox):
         os._exit(0)
 
     while True:
-        if spare is None and not draining:
+        if spare is None and not draining and waiting is None:
             paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -219,7 +225,7 @@ def _serve(ctl, sandbox):
                 reply = socket.socket(fileno=fds[0])
                 done_r, done_w = os.pipe()
                 passed = [*fds[1:4], done_w, *fds[4:]]  # a prepared spare's hook gets them without done_w
-                pid, paths, make_netns_for = None, (), None
+                pid, paths, make_netns_for, from_spare = None, (), None, False
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
                     spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
@@ -255,6 +261,7 @@ def _serve(ctl, sandbox):
                             if spare_shape is not None:  # its keeper reports the hook's status on this socket
                                 os.close(done_r)  # (done_w is closed with the rest of `passed`)
                                 done_r = sock.detach()
+                            from_spare = True
                         except OSError:  # fork on demand instead
                             try:
                                 os.kill(pid, _SIGKILL)
@@ -267,6 +274,7 @@ def _serve(ctl, sandbox):
                         finally:
                             sock.close()
                     if pid is None:
+                        waiting = None  # calls overlap: keep a spare ready again, as soon as this one is forked
                         if limits and cgroups is not None:
                             paths = cgroups.create(*limits)
                             box["cgroups"] = list(paths)  # joined by sandbox.enter, on the call's path
@@ -288,6 +296,8 @@ def _serve(ctl, sandbox):
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = child = [pid, reply, paths, done_r]
+                if from_spare:
+                    waiting = child
                 sel.register(pidfd, selectors.EVENT_READ, "child")
                 sel.register(done_r, selectors.EVENT_READ, child)
                 _send(reply, {"pid": pid})
