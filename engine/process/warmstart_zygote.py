@@ -40,7 +40,7 @@ from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
 _SIGKILL = 9
 _SIGINT = 2
-_SANDBOX_NAME = "librefang_sandbox"
+_SANDBOX_NAME = "librefang_sandbox"  # its siblings load as librefang_sandbox_<name> (engine/process/sandbox.py)
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
@@ -50,6 +50,12 @@ def _stdlib_dirs():
     paths = sysconfig.get_paths()
     dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
     return tuple(d + os.sep for d in dirs)
+
+
+def _pop_sandbox_modules():
+    """Take engine/process/sandbox.py and the siblings it loaded by path out of sys.modules (a fresh interpreter
+    would not have them); returns them."""
+    return {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith(_SANDBOX_NAME)}
 
 
 def _check_preloaded():
@@ -414,7 +420,7 @@ def _prepared_spare(sock, shape, zygote_pid, sandbox):
 
 def _as_python_main(spec, box, extras_top):
     """The rest of a python hook's start: environment, sys.argv, sys.path[0], preloaded modules it shadows."""
-    sys.modules.pop(_SANDBOX_NAME, None)  # a fresh interpreter would not have it
+    _pop_sandbox_modules()
     spec["env"] = box.env
     os.environ.clear()
     os.environ.update(spec["env"])
@@ -615,9 +621,9 @@ def _main(exec_mode=False):
         except Exception as exc:  # noqa: BLE001 - reported in the handshake: hooks then spawn normally
             problem = f"cannot load the sandbox module: {type(exc).__name__}: {exc}"
     if not problem and not exec_mode:  # what the sandbox module imported must be this interpreter's stdlib too
-        sys.modules.pop(_SANDBOX_NAME, None)
+        loaded = _pop_sandbox_modules()
         problem = _check_preloaded()
-        sys.modules[_SANDBOX_NAME] = sandbox
+        sys.modules.update(loaded)
     if problem or not hasattr(os, "pidfd_open") or not hasattr(os, "waitstatus_to_exitcode"):
         ctl.send(json.dumps({"ready": False, "why": problem or "python too old for warm start"}).encode())
         os._exit(3)
