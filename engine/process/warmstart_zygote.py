@@ -104,11 +104,12 @@ def _serve(ctl, sandbox):
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
-    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None)
+    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None, limits written)
     # The child running the call that took the last spare: the next spare is made once it has answered, so that
     # preparing it (fork, cgroup join, namespaces) does not compete with the running hook for the CPU.
     waiting = None
     shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
+    last_limits = ()  # the last call's cgroup limits: written into the next spare's cgroup ahead of its call
     leftover = []  # cgroups still busy when their call was reaped
     netns = {}  # plugin directory -> descriptor of its empty network namespace (sandbox.make_netns), newest last
     cgroups = sandbox.cgroups if sandbox is not None else None
@@ -137,7 +138,7 @@ def _serve(ctl, sandbox):
                 leftover.append(path)
 
     def drop_spare():
-        pid, sock, paths, _shape = spare
+        pid, sock, paths, _shape, _limits = spare
         sock.close()  # EOF: the spare exits
         os.waitpid(pid, 0)
         remove(paths)
@@ -181,6 +182,8 @@ def _serve(ctl, sandbox):
     while True:
         if spare is None and not draining and waiting is None:
             paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
+            # Likely the next call's too (same plugin): checked, and rewritten if not, when the call arrives.
+            written = last_limits if paths and last_limits and cgroups.limit(paths, *last_limits) else ()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 pid = os.fork()
@@ -201,7 +204,7 @@ def _serve(ctl, sandbox):
                 ours.close()
                 remove(paths)
             else:
-                spare = (pid, ours, paths, shape)
+                spare = (pid, ours, paths, shape, written)
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
@@ -236,17 +239,19 @@ def _serve(ctl, sandbox):
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
                     spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
                     box = spec["sandbox"]
-                    limits = box.get("cgroup_limits") or ()
+                    limits = tuple(box.get("cgroup_limits") or ())
                     call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
                     if spare is not None:
-                        pid, sock, paths, spare_shape = spare
+                        pid, sock, paths, spare_shape, spare_limits = spare
                         spare = None
                         try:
                             if os.waitpid(pid, os.WNOHANG)[0]:
                                 raise OSError("the spare child died")
                             if spare_shape is not None and spare_shape != call_shape:
                                 raise OSError("the spare entered namespaces of another shape")
-                            if limits and not cgroups.limit(paths, *limits):
+                            if spare_limits and not limits:
+                                raise OSError("the spare's cgroup has limits this call does not")
+                            if limits and limits != spare_limits and not cgroups.limit(paths, *limits):
                                 raise OSError("cannot write the cgroup limits")
                             to_send = passed
                             if spare_shape is not None:
@@ -285,7 +290,7 @@ def _serve(ctl, sandbox):
                             paths = cgroups.create(*limits)
                             box["cgroups"] = list(paths)  # joined by sandbox.enter, on the call's path
                         pid = os.fork()
-                    shape = call_shape
+                    shape, last_limits = call_shape, limits
                 except Exception as exc:
                     _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
