@@ -17,6 +17,7 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
+from engine.hooks import timeout_for
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
@@ -113,7 +114,7 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
     if overrides is not None and overrides.allow_network is not None:
         allow_network = overrides.allow_network
     if timeout is None:
-        timeout = settings.hook_timeout_secs * (2 if hook == "bootstrap" else 1)
+        timeout = timeout_for(hook, settings)
     extra_env = {}
     config_file = write_config_file(plugin, home)
     if config_file:
@@ -144,6 +145,7 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         warm_start=settings.warm_start,
         max_processes=settings.max_processes,
         home_dir=home.root,
+        wasm_capabilities=tuple(plugin.manifest.wasm_capabilities),
     )
 
 
@@ -163,7 +165,7 @@ def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResu
         except ImportError:
             return HookResult(False, failure=Failure(
                 P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} is not available in this build"))
-        return run_wasm_hook(call, on_stderr)
+        return run_wasm_hook(call, on_stderr, capabilities=call.wasm_capabilities)
     return run_hook(call, on_stderr)
 
 

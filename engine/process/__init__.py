@@ -3,8 +3,12 @@ and the warm start (a zygote per interpreter and start-up environment forks pyth
 disk nor hook semantics.
 
     runtimes.py            runtime tags, launchers, commands
-    runner.py              one hook call: spawn (or fork from the zygote), JSON in, reply out, stderr streamed
-    sandbox.py             the SandboxSpec applied in the child (namespaces, rlimits, cgroup)
+    hook_call.py           HookCall (one call, as the runner takes it) and HookResult
+    runner.py              one hook call: environment, sandbox spec, spawn (or fork from the zygote)
+    hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
+    sandbox.py             the SandboxSpec applied in the child (namespaces, rlimits, mounts, probing)
+    sandbox_tree.py        the keeper/init/hook processes of a sandboxed call
+    sandbox_cgroups.py     per-call cgroups (memory and pids limits)
     warmstart.py           the zygotes and the spawner, kept warm
     warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner)
     hook_spawner.py        the cold-hook spawner: execs non-warm hooks so the worker never forks itself

@@ -23,16 +23,13 @@ worker instead of CPython's vfork.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,58 +37,10 @@ from engine import protocol as P
 from engine.filecache import confine
 from engine.home import Home
 from engine.process import sandbox, warmstart
-from engine.process.runtimes import LauncherNotFound, ResolvedRuntime, build_command
+from engine.process.hook_call import HookCall, HookResult, StderrCallback
+from engine.process.hook_io import communicate
+from engine.process.runtimes import LauncherNotFound, build_command
 from engine.protocol import Failure
-
-StderrCallback = Callable[[str], None]
-
-# After the hook itself exits, how long we keep reading pipes that a grandchild may still hold open.
-GRANDCHILD_GRACE_SECS = 0.2
-READ_CHUNK = 65536
-
-
-@dataclass
-class HookCall:
-    """Everything needed to run one hook once."""
-
-    plugin_dir: Path
-    script: str  # as declared in plugin.toml, relative to plugin_dir
-    runtime: ResolvedRuntime
-    request: Any
-    timeout_secs: float
-    plugin_env: Mapping[str, str] = field(default_factory=dict)  # [env], already expanded
-    allowed_env_vars: tuple[str, ...] = ()
-    data_dir: Path | None = None
-    max_memory_mb: int | None = None
-    max_cpu_secs: int | None = None
-    extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. LIBREFANG_PLUGIN_CONFIG
-    allow_network: bool = True
-    allow_filesystem: bool = True
-    venv_dir: Path | None = None  # per-plugin virtualenv (requirements): python hooks run with its interpreter
-    warm_start: bool = True  # [hooks] warm_start: python hooks may be forked from a zygote (engine/process/warmstart.py)
-    max_processes: int | None = None  # [hooks] max_processes (DEFAULT_MAX_PROCESSES when None)
-    home_dir: Path | None = None  # $LIBREFANG_HOME, hidden from the hook but for its own dirs (Home.from_env() if None)
-
-
-@dataclass
-class HookResult:
-    ok: bool
-    reply: Any = None
-    failure: Failure | None = None
-    stderr: str = ""
-    stdout: str = ""
-    elapsed_ms: float = 0.0
-    returncode: int | None = None
-    warnings: list[str] = field(default_factory=list)  # for the trace, e.g. sandbox.degraded
-
-    def to_dict(self) -> dict:
-        return {
-            "ok": self.ok,
-            "reply": self.reply,
-            "error": self.failure.to_dict() if self.failure else None,
-            "stderr": self.stderr,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-        }
 
 
 def resolve_script(plugin_dir: Path, script: str) -> Path:
@@ -305,7 +254,7 @@ def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, 
     if warmstart.applies(call, argv):
         warm = warmstart.spawn(argv, spec)
         if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
-            return _communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
+            return communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
     problem = _check_executable(argv[0])
     if problem is not None:
         return fail(*problem)
@@ -316,7 +265,7 @@ def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, 
         except OSError as exc:
             return fail(*_exec_failure(argv[0], exc))
         if proc is not None:
-            return _communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
+            return communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
     cgroup_dirs = sandbox.cgroups.create(*spec.cgroup_limits) if spec.cgroup_limits else ()
     try:
         try:
@@ -335,7 +284,7 @@ def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, 
             return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
         except OSError as exc:
             return fail(*_exec_failure(argv[0], exc))
-        result = _communicate(popen, payload, call.timeout_secs, started, on_stderr)
+        result = communicate(popen, payload, call.timeout_secs, started, on_stderr)
         return result, bool(cgroup_dirs) and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs)
     finally:
         sandbox.cgroups.release(cgroup_dirs)
@@ -394,166 +343,3 @@ def _venv_python(call: HookCall) -> str | None:
         return None
     exe = call.venv_dir / "bin" / "python"
     return str(exe) if exe.exists() else None
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
-
-
-class _LineSplitter:
-    """Turns stderr chunks into lines for the callback, as they arrive."""
-
-    def __init__(self, callback: StderrCallback | None):
-        self.callback = callback
-        self.partial = b""
-
-    def feed(self, chunk: bytes) -> None:
-        if self.callback is None:
-            return
-        data = self.partial + chunk
-        *lines, self.partial = data.split(b"\n")
-        for line in lines:
-            self._emit(line)
-
-    def flush(self) -> None:
-        if self.partial:
-            self._emit(self.partial)
-            self.partial = b""
-
-    def _emit(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        if text.strip() and self.callback is not None:
-            try:
-                self.callback(text)
-            except Exception:  # a broken sink must never break the hook call
-                pass
-
-
-def _communicate(proc: subprocess.Popen, payload: bytes, timeout: float, started: float,
-                 on_stderr: StderrCallback | None) -> HookResult:
-    deadline = started + timeout
-    out = bytearray()
-    err = bytearray()
-    splitter = _LineSplitter(on_stderr)
-    sel = selectors.DefaultSelector()
-    assert proc.stdin and proc.stdout and proc.stderr
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-    sel.register(proc.stdout, selectors.EVENT_READ, "out")
-    sel.register(proc.stderr, selectors.EVENT_READ, "err")
-    if payload:
-        sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
-    else:
-        proc.stdin.close()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ, "exit")
-    except (AttributeError, OSError):
-        pidfd = None
-    written = 0
-    failure: Failure | None = None
-    exited_at: float | None = None
-    open_readers = 2
-    try:
-        while open_readers:
-            now = time.monotonic()
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > GRANDCHILD_GRACE_SECS:
-                _kill_group(proc)  # a grandchild still holds our pipes; the hook itself is done
-                break
-            if now >= deadline:
-                _kill_group(proc)
-                failure = Failure(P.TIMEOUT, f"hook did not finish within {timeout:g}s; its process group was killed")
-                break
-            wait = deadline - now
-            if exited_at is not None:
-                wait = min(wait, GRANDCHILD_GRACE_SECS)
-            elif pidfd is None:
-                wait = min(wait, 0.05)
-            for key, _ in sel.select(wait):
-                tag = key.data
-                if tag == "exit":
-                    sel.unregister(key.fileobj)
-                    exited_at = exited_at or time.monotonic()
-                elif tag == "in":
-                    try:
-                        written += os.write(proc.stdin.fileno(), payload[written:written + READ_CHUNK])
-                    except (BrokenPipeError, OSError) as exc:  # hook ignored or closed stdin: that's fine
-                        if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.EBADF, errno.EAGAIN):
-                            failure = Failure(P.IO_ERROR, f"writing the request failed: {exc}")
-                        written = len(payload)
-                    if written >= len(payload):
-                        sel.unregister(proc.stdin)
-                        proc.stdin.close()
-                else:
-                    stream = out if tag == "out" else err
-                    try:
-                        chunk = os.read(key.fileobj.fileno(), READ_CHUNK)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        open_readers -= 1
-                        continue
-                    stream += chunk
-                    if tag == "err":
-                        splitter.feed(chunk)
-                    if len(stream) > P.STREAM_CAP_BYTES:
-                        _kill_group(proc)
-                        name = "stdout" if tag == "out" else "stderr"
-                        failure = Failure(P.OUTPUT_OVERFLOW,
-                                          f"hook wrote more than {P.STREAM_CAP_BYTES} bytes on {name}; child killed")
-                        open_readers = 0
-                        break
-            if failure is not None:
-                break
-    finally:
-        sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-    splitter.flush()
-    returncode = _reap(proc, deadline)
-    elapsed = (time.monotonic() - started) * 1000
-    stdout = out.decode("utf-8", errors="replace")
-    stderr = err.decode("utf-8", errors="replace")
-    if failure is None and returncode is None:
-        failure = Failure(P.TIMEOUT, f"hook did not exit within {timeout:g}s; its process group was killed")
-    if failure is not None:
-        return HookResult(False, failure=failure, stderr=stderr, stdout=stdout, elapsed_ms=elapsed, returncode=returncode)
-    if returncode != 0:
-        label, code, sig = P.classify_exit(returncode)
-        tail = stderr.strip()[-500:]
-        message = f"{label}" + (f": {tail}" if tail else "")
-        return HookResult(False, failure=Failure(P.SCRIPT_ERROR, message, code, sig), stderr=stderr, stdout=stdout,
-                          elapsed_ms=elapsed, returncode=returncode)
-    try:
-        reply = P.parse_output(stdout)
-    except P.EmptyOutput as exc:
-        return HookResult(False, failure=Failure(P.EMPTY_OUTPUT, str(exc)), stderr=stderr, stdout=stdout,
-                          elapsed_ms=elapsed, returncode=0)
-    return HookResult(True, reply=reply, stderr=stderr, stdout=stdout, elapsed_ms=elapsed, returncode=0)
-
-
-def _reap(proc: subprocess.Popen, deadline: float) -> int | None:
-    try:
-        return proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-        return None

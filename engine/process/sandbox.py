@@ -33,7 +33,6 @@ rlimits, PDEATHSIG and their own process group, and every affected call is label
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import json
 import os
@@ -42,8 +41,32 @@ import select
 import signal
 import sys
 import threading
-import warnings
 from dataclasses import asdict, dataclass, field
+
+
+def _sibling(name: str):
+    """A sibling module: imported from the engine.process package, or loaded by path like this file when this file
+    was (the zygote and the spawner import nothing from the engine package)."""
+    if __package__:
+        import importlib
+
+        return importlib.import_module(f"{__package__}.{name}")
+    key = f"librefang_{name}"
+    if key not in sys.modules:
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        found = spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        module = module_from_spec(found)
+        sys.modules[key] = module
+        found.loader.exec_module(module)
+    return sys.modules[key]
+
+
+_tree = _sibling("sandbox_tree")  # the keeper/init/hook processes
+_cgroups = _sibling("sandbox_cgroups")
+_fork, _keep, _init, _wait_for = _tree._fork, _tree._keep, _tree._init, _tree._wait_for
+Cgroups, cgroups, _oom_killed = _cgroups.Cgroups, _cgroups.cgroups, _cgroups._oom_killed
+_unescape = _cgroups.unescape_mountinfo
 
 # linux/sched.h, linux/mount.h, linux/prctl.h, linux/capability.h
 CLONE_NEWNS = 0x00020000
@@ -403,111 +426,6 @@ def _become_init(lib, status_w: int) -> None:
                   None)
 
 
-def _fork() -> int:
-    with warnings.catch_warnings():  # 3.12+ warns about fork() with threads; the caller is a fresh child
-        warnings.simplefilter("ignore")
-        return os.fork()
-
-
-def _close_all_but(*keep: int | None) -> None:
-    low = 0
-    for fd in sorted(k for k in keep if k is not None):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 20)
-
-
-def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
-    """The keeper: holds no pipe of the hook, waits for init, then exits the way the hook did. Never returns."""
-    _close_all_but(status_r, done_fd)
-    status = _wait_for(init_pid)
-    os.set_blocking(status_r, False)
-    try:
-        data = os.read(status_r, 16)
-    except OSError:
-        data = b""
-    if len(data) >= 4:
-        status = int.from_bytes(data[:4], "little", signed=True)  # the hook's own wait status, reported by init
-    if done_fd is not None:  # init is gone, and with it every process of the namespace: the call is over
-        try:
-            os.write(done_fd, status.to_bytes(4, "little", signed=True))
-        except OSError:
-            pass
-    _exit_like(status)
-
-
-def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
-    """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns.
-
-    With `report_fd` (the keeper's report channel to its zygote), init empties the namespace itself once the hook
-    has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
-    sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first)."""
-    _close_all_but(status_w, report_fd)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(0)
-        if pid == hook_pid:
-            report = status.to_bytes(4, "little", signed=True)
-            if report_fd is not None:
-                _empty_namespace()
-                try:
-                    os.write(report_fd, report)
-                except OSError:
-                    pass
-            try:
-                os.write(status_w, report)
-            except OSError:
-                pass
-            os._exit(0)  # the kernel now kills whatever the hook left in the namespace
-
-
-def _empty_namespace() -> None:
-    """In init: kill every other process of the namespace (kill(-1) reaches no process outside it) and reap them,
-    again until none is left (one forked meanwhile dies on the next round; orphans are reparented to init)."""
-    while True:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return
-
-
-def _wait_for(pid: int) -> int:
-    while True:
-        try:
-            return os.waitpid(pid, 0)[1]
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return 0
-
-
-def _exit_like(status: int) -> None:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # mirror a SIGSEGV without dumping the keeper's core
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        except (OSError, ValueError):
-            pass
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
 def _drop_privileges(lib) -> None:
     """No capabilities now or after exec (bounding set emptied), and no setuid gains."""
     lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
@@ -543,18 +461,6 @@ def _mounts() -> list:
         point = _unescape(fields[4]).decode("utf-8", "surrogateescape")
         out.append((point, set(fields[5].decode().split(","))))
     return out
-
-
-def _unescape(raw: bytes) -> bytes:
-    out, i = bytearray(), 0
-    while i < len(raw):
-        if raw[i:i + 1] == b"\\" and raw[i + 1:i + 4].isdigit():
-            out.append(int(raw[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return bytes(out)
 
 
 def _under(path: str, top: str) -> bool:
@@ -653,212 +559,3 @@ def _net_only() -> bool:
                 _net_state.append(sys.platform.startswith("linux") and libc() is not None
                                   and _try(SandboxSpec(cwd="/", new_net=True)) is None)
     return _net_state[0]
-
-
-# ---- in the service: per-call cgroups for the memory and process-count limits ----------------------------------
-
-class Cgroups:
-    """One cgroup per call under the service's own, with memory and pids limits, where the service may create them
-    (cgroup v1 `memory`/`pids` hierarchies, or cgroup v2 with those controllers enabled for its children). Found
-    once per process; `available()` lists what is enforced. Leftovers that are still busy are retried later."""
-
-    _FILES = {"memory": {1: "memory.limit_in_bytes", 2: "memory.max"}, "pids": {1: "pids.max", 2: "pids.max"}}
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bases: dict | None = None  # controller -> (version, directory)
-        self._pending: list = []
-        self._count = 0
-
-    def available(self) -> list:
-        return sorted(self._found())
-
-    def create(self, memory_bytes: int | None, pids: int | None) -> tuple:
-        """Directories of a fresh cgroup (one per hierarchy) with these limits; () where none can be made."""
-        made = self.prepare(c for c, limit in (("memory", memory_bytes), ("pids", pids)) if limit)
-        if made and not self.limit(made, memory_bytes, pids):
-            self.release(made)
-            return ()
-        return made
-
-    def prepare(self, controllers=("memory", "pids")) -> tuple:
-        """Directories of a fresh cgroup without limits yet (a spawner's spare child joins it ahead of its call:
-        joining a cgroup v1 hierarchy waits for an RCU grace period, up to ~12 ms on an idle machine)."""
-        bases = self._found()
-        with self._lock:
-            self._retry_pending()
-            self._count += 1
-            name = f"librefang-hook-{os.getpid()}-{self._count}"
-        made: list = []
-        try:
-            for controller in controllers:
-                if controller in bases:
-                    path = os.path.join(bases[controller][1], name)
-                    if path not in made:
-                        os.mkdir(path)
-                        made.append(path)
-        except OSError:
-            self.release(tuple(made))
-            return ()
-        return tuple(made)
-
-    def limit(self, paths: tuple, memory_bytes: int | None, pids: int | None) -> bool:
-        """Write the limits into a cgroup made by `prepare`; False if one could not be written."""
-        bases = self._found()
-        try:
-            for controller, limit in (("memory", memory_bytes), ("pids", pids)):
-                if not limit or controller not in bases:
-                    continue
-                version, base = bases[controller]
-                path = next((p for p in paths if os.path.dirname(p) == base), None)
-                if path is None:
-                    return False
-                with open(os.path.join(path, self._FILES[controller][version]), "w") as fh:
-                    fh.write(str(limit))
-        except OSError:
-            return False
-        return True
-
-    def oom_killed(self, paths: tuple) -> bool:
-        """Whether the kernel killed a process of this call for exceeding its memory limit."""
-        return _oom_killed(paths)
-
-    def release(self, paths: tuple) -> None:
-        for path in paths:
-            if not _rmdir_soon(path):
-                with self._lock:
-                    if not self._pending:
-                        atexit.register(self._retry_pending)  # last chance when the service exits
-                    self._pending.append(path)
-
-    def _retry_pending(self) -> None:
-        still = []
-        for path in self._pending:
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                still.append(path)
-        self._pending = still
-
-    def _found(self) -> dict:
-        if self._bases is None:
-            with self._lock:
-                if self._bases is None:
-                    self._bases = _find_cgroup_bases() if sys.platform.startswith("linux") else {}
-                    _remove_stale({base for _version, base in self._bases.values()})
-        return self._bases
-
-
-def _find_cgroup_bases() -> dict:
-    try:
-        with open("/proc/self/cgroup") as fh:
-            own = [line.rstrip("\n").split(":", 2) for line in fh if line.count(":") >= 2]
-        with open("/proc/self/mountinfo", "rb") as fh:
-            mountinfo = fh.read().decode("utf-8", "surrogateescape").splitlines()
-    except OSError:
-        return {}
-    v1_mounts, v2_mount = {}, None
-    for line in mountinfo:
-        left, _, right = line.partition(" - ")
-        fstype, _source, *rest = right.split(" ")
-        point = _unescape(left.split(" ")[4].encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
-        if fstype == "cgroup2":
-            v2_mount = v2_mount or point
-        elif fstype == "cgroup" and rest:
-            for option in rest[0].split(","):
-                v1_mounts.setdefault(option, point)
-    bases = {}
-    for _hid, controllers, path in own:
-        for controller in ("memory", "pids"):
-            if controllers and controller in controllers.split(",") and controller in v1_mounts:
-                bases[controller] = (1, v1_mounts[controller] + path.rstrip("/"))
-            elif controllers == "" and v2_mount and controller not in bases:
-                directory = v2_mount + path.rstrip("/")
-                try:
-                    with open(os.path.join(directory, "cgroup.subtree_control")) as fh:
-                        enabled = fh.read().split()
-                except OSError:
-                    enabled = []
-                if controller in enabled:
-                    bases[controller] = (2, directory)
-    return {c: b for c, b in bases.items() if _can_create_under(b[1], Cgroups._FILES[c][b[0]])}
-
-
-def _rmdir_soon(path: str, within: float = 0.05) -> bool:
-    """Remove an empty cgroup; a namespace killed at timeout may take a few ms to empty it."""
-    import time
-
-    end = time.monotonic() + within
-    while True:
-        try:
-            os.rmdir(path)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.005)
-
-
-def _remove_stale(bases: set) -> None:
-    """Empty per-call cgroups left by a service process that died (SIGKILL) before removing them."""
-    for base in bases:
-        try:
-            names = [n for n in os.listdir(base) if n.startswith("librefang-hook-")]
-        except OSError:
-            continue
-        for name in names:
-            owner = name.split("-")[2]
-            if owner.isdigit() and not _alive(int(owner)):
-                try:
-                    os.rmdir(os.path.join(base, name))
-                except OSError:
-                    pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _can_create_under(base: str, limit_file: str) -> bool:
-    probe_dir = os.path.join(base, f"librefang-probe-{os.getpid()}")
-    try:
-        os.mkdir(probe_dir)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        return os.access(os.path.join(probe_dir, limit_file), os.W_OK) and \
-            os.access(os.path.join(probe_dir, "cgroup.procs"), os.W_OK)
-    finally:
-        try:
-            os.rmdir(probe_dir)
-        except OSError:
-            pass
-
-
-cgroups = Cgroups()
-
-
-def _oom_killed(paths: tuple) -> bool:
-    for path in paths:
-        for name in ("memory.events", "memory.oom_control"):
-            try:
-                with open(os.path.join(path, name)) as fh:
-                    for line in fh:
-                        key, _, value = line.partition(" ")
-                        if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
-                            return True
-            except OSError:
-                continue
-    return False

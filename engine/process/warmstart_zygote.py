@@ -40,7 +40,7 @@ from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
 _SIGKILL = 9
 _SIGINT = 2
-_SANDBOX_NAME = "librefang_sandbox"
+_SANDBOX_NAME = "librefang_sandbox"  # its siblings load as librefang_sandbox_<name> (engine/process/sandbox.py)
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
@@ -50,6 +50,12 @@ def _stdlib_dirs():
     paths = sysconfig.get_paths()
     dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
     return tuple(d + os.sep for d in dirs)
+
+
+def _pop_sandbox_modules():
+    """Take engine/process/sandbox.py and the siblings it loaded by path out of sys.modules (a fresh interpreter
+    would not have them); returns them."""
+    return {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith(_SANDBOX_NAME)}
 
 
 def _check_preloaded():
@@ -98,8 +104,12 @@ def _serve(ctl, sandbox):
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
-    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None)
+    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None, limits written)
+    # The child running the call that took the last spare: the next spare is made once it has answered, so that
+    # preparing it (fork, cgroup join, namespaces) does not compete with the running hook for the CPU.
+    waiting = None
     shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
+    last_limits = ()  # the last call's cgroup limits: written into the next spare's cgroup ahead of its call
     leftover = []  # cgroups still busy when their call was reaped
     netns = {}  # plugin directory -> descriptor of its empty network namespace (sandbox.make_netns), newest last
     cgroups = sandbox.cgroups if sandbox is not None else None
@@ -128,12 +138,15 @@ def _serve(ctl, sandbox):
                 leftover.append(path)
 
     def drop_spare():
-        pid, sock, paths, _shape = spare
+        pid, sock, paths, _shape, _limits = spare
         sock.close()  # EOF: the spare exits
         os.waitpid(pid, 0)
         remove(paths)
 
     def answer(child, status):
+        nonlocal waiting
+        if child is waiting:
+            waiting = None
         pid, reply, paths, _done = child
         if reply is None:
             return
@@ -167,8 +180,10 @@ def _serve(ctl, sandbox):
         os._exit(0)
 
     while True:
-        if spare is None and not draining:
+        if spare is None and not draining and waiting is None:
             paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
+            # Likely the next call's too (same plugin): checked, and rewritten if not, when the call arrives.
+            written = last_limits if paths and last_limits and cgroups.limit(paths, *last_limits) else ()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 pid = os.fork()
@@ -189,7 +204,7 @@ def _serve(ctl, sandbox):
                 ours.close()
                 remove(paths)
             else:
-                spare = (pid, ours, paths, shape)
+                spare = (pid, ours, paths, shape, written)
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
@@ -219,22 +234,24 @@ def _serve(ctl, sandbox):
                 reply = socket.socket(fileno=fds[0])
                 done_r, done_w = os.pipe()
                 passed = [*fds[1:4], done_w, *fds[4:]]  # a prepared spare's hook gets them without done_w
-                pid, paths, make_netns_for = None, (), None
+                pid, paths, make_netns_for, from_spare = None, (), None, False
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
                     spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
                     box = spec["sandbox"]
-                    limits = box.get("cgroup_limits") or ()
+                    limits = tuple(box.get("cgroup_limits") or ())
                     call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
                     if spare is not None:
-                        pid, sock, paths, spare_shape = spare
+                        pid, sock, paths, spare_shape, spare_limits = spare
                         spare = None
                         try:
                             if os.waitpid(pid, os.WNOHANG)[0]:
                                 raise OSError("the spare child died")
                             if spare_shape is not None and spare_shape != call_shape:
                                 raise OSError("the spare entered namespaces of another shape")
-                            if limits and not cgroups.limit(paths, *limits):
+                            if spare_limits and not limits:
+                                raise OSError("the spare's cgroup has limits this call does not")
+                            if limits and limits != spare_limits and not cgroups.limit(paths, *limits):
                                 raise OSError("cannot write the cgroup limits")
                             to_send = passed
                             if spare_shape is not None:
@@ -255,6 +272,7 @@ def _serve(ctl, sandbox):
                             if spare_shape is not None:  # its keeper reports the hook's status on this socket
                                 os.close(done_r)  # (done_w is closed with the rest of `passed`)
                                 done_r = sock.detach()
+                            from_spare = True
                         except OSError:  # fork on demand instead
                             try:
                                 os.kill(pid, _SIGKILL)
@@ -267,11 +285,12 @@ def _serve(ctl, sandbox):
                         finally:
                             sock.close()
                     if pid is None:
+                        waiting = None  # calls overlap: keep a spare ready again, as soon as this one is forked
                         if limits and cgroups is not None:
                             paths = cgroups.create(*limits)
                             box["cgroups"] = list(paths)  # joined by sandbox.enter, on the call's path
                         pid = os.fork()
-                    shape = call_shape
+                    shape, last_limits = call_shape, limits
                 except Exception as exc:
                     _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
@@ -288,6 +307,8 @@ def _serve(ctl, sandbox):
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = child = [pid, reply, paths, done_r]
+                if from_spare:
+                    waiting = child
                 sel.register(pidfd, selectors.EVENT_READ, "child")
                 sel.register(done_r, selectors.EVENT_READ, child)
                 _send(reply, {"pid": pid})
@@ -404,7 +425,7 @@ def _prepared_spare(sock, shape, zygote_pid, sandbox):
 
 def _as_python_main(spec, box, extras_top):
     """The rest of a python hook's start: environment, sys.argv, sys.path[0], preloaded modules it shadows."""
-    sys.modules.pop(_SANDBOX_NAME, None)  # a fresh interpreter would not have it
+    _pop_sandbox_modules()
     spec["env"] = box.env
     os.environ.clear()
     os.environ.update(spec["env"])
@@ -605,9 +626,9 @@ def _main(exec_mode=False):
         except Exception as exc:  # noqa: BLE001 - reported in the handshake: hooks then spawn normally
             problem = f"cannot load the sandbox module: {type(exc).__name__}: {exc}"
     if not problem and not exec_mode:  # what the sandbox module imported must be this interpreter's stdlib too
-        sys.modules.pop(_SANDBOX_NAME, None)
+        loaded = _pop_sandbox_modules()
         problem = _check_preloaded()
-        sys.modules[_SANDBOX_NAME] = sandbox
+        sys.modules.update(loaded)
     if problem or not hasattr(os, "pidfd_open") or not hasattr(os, "waitstatus_to_exitcode"):
         ctl.send(json.dumps({"ready": False, "why": problem or "python too old for warm start"}).encode())
         os._exit(3)

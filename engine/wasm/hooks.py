@@ -46,7 +46,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                   policy: WasmPolicy | None = None, capabilities: tuple[str, ...] | None = None) -> Any:
     """Run one `runtime = "wasm"` hook (a HookCall of engine/process/runner.py); its HookResult, never raises.
 
-    `policy` defaults to the one in the call's config.toml, `capabilities` to the plugin manifest's."""
+    `policy` defaults to the one in the call's config.toml, `capabilities` to the call's `wasm_capabilities` (set by
+    engine/invoke.py), else to the plugin manifest's."""
     from engine.process.runner import HookResult, build_env, locate_script
 
     started = time.monotonic()
@@ -61,6 +62,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
         return fail(script.kind, script.message)
     if policy is None:
         policy = policy_for(config_path_of(call))
+    if capabilities is None:
+        capabilities = getattr(call, "wasm_capabilities", None)
     if capabilities is None:
         capabilities = capabilities_of(call)
     policy = narrowed(policy, network=getattr(call, "allow_network", True) is not False,

@@ -101,6 +101,36 @@ def test_it_reads_env_from_the_hook_environment_not_the_service(ehome, monkeypat
     assert call("SERVICE_SECRET", {}).reply == {"text": "<none>"}
 
 
+def test_it_gates_by_the_calls_capabilities_without_rereading_the_manifest(ehome):
+    from engine.process.runner import HookCall
+    from engine.process.runtimes import resolve_tag
+
+    pdir = ehome.plugins_dir / "envy"
+    (pdir / "hooks").mkdir(parents=True)
+    (pdir / "hooks" / "ingest.wasm").write_bytes(fixture_wasm("host_env_get"))
+    (pdir / "plugin.toml").write_text('name = "envy"\n[wasm]\ncapabilities = ["host:az_env_get"]\n')
+    policy = W.WasmPolicy(allowed_host_calls=("az::az_env_get",))
+
+    def call(capabilities):
+        return W.run_wasm_hook(HookCall(plugin_dir=pdir, script="hooks/ingest.wasm", runtime=resolve_tag("wasm"),
+                                        request="K", timeout_secs=5, data_dir=ehome.data_dir("envy"),
+                                        wasm_capabilities=capabilities), policy=policy)
+
+    # The manifest declares the host call, but the call (as engine/invoke.py built it) carries none: denied.
+    assert call(()).failure.kind == W.IMPORT_DENIED
+    assert call(None).ok  # not set on the call: the manifest's
+
+
+def test_hook_calls_carry_the_manifests_wasm_capabilities(ehome):
+    from engine.invoke import hook_call_for
+    from engine.plugins.catalog import Catalog
+
+    wasm_plugin(ehome, "envy", {"ingest": fixture_wasm("host_env_get")},
+                top_extra='[wasm]\ncapabilities = ["host:az_env_get"]\n')
+    call = hook_call_for(Catalog(ehome).get("envy"), "ingest", {"message": "x", "agent_id": "a"}, ehome)
+    assert call.wasm_capabilities == ("host:az_env_get",)
+
+
 def test_it_refuses_module_paths_that_escape_the_plugin(ehome, engine, tmp_path):
     outside = tmp_path / "outside.wasm"
     outside.write_bytes(fixture_wasm("echo"))
