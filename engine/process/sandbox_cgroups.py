@@ -185,6 +185,8 @@ def _remove_stale(bases: set) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # Not engine/pids.py: this file is also loaded by path in the zygote and the spawner, which run interpreters
+    # that cannot import the engine package.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
