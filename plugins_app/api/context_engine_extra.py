@@ -7,7 +7,8 @@ from ninja import Query, Router
 
 from plugins_app.api.errors import json_response
 from plugins_app.api.security import VIEWER
-from plugins_app.schemas import ErrorEnvelope, PerAgentMetricsOut, SandboxPolicyOut
+from plugins_app.schemas import ErrorEnvelope
+from plugins_app.schemas.parity import PerAgentMetricsOut, SandboxPolicyOut
 from plugins_app.selectors import state as state_selectors
 
 router = Router(tags=["context-engine"])

@@ -21,49 +21,51 @@ from plugins_app.api.errors import ApiError, json_body, json_response
 from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
 from plugins_app.schemas import (
     NAME_PATTERN,
+    DoctorOut,
+    EnabledOut,
+    ErrorEnvelope,
+    InstallIn,
+    InstallOut,
+    LintOut,
+    NameIn,
+    PluginHealthOut,
+    PluginListOut,
+    PluginOut,
+    PluginStatusOut,
+    ReloadOut,
+    ScaffoldIn,
+    ScaffoldOut,
+    TestHookIn,
+    TestHookOut,
+    UninstallOut,
+    UpdateIn,
+    UpdateOut,
+)
+from plugins_app.schemas.parity import (
     AdvancedConfigIn,
     AdvancedConfigOut,
     BatchIn,
     BatchOut,
     BenchmarkIn,
     BenchmarkOut,
-    DoctorOut,
-    EnabledOut,
     EnvIn,
-    ErrorEnvelope,
-    InstallIn,
-    InstallOut,
     InstallWithDepsIn,
     InstallWithDepsOut,
-    LintOut,
-    NameIn,
     PluginEnvOut,
-    PluginHealthOut,
-    PluginListOut,
-    PluginOut,
     PluginStateOut,
-    PluginStatusOut,
     PrewarmIn,
     PrewarmOut,
     RegistriesOut,
     RegistrySearchOut,
-    ReloadOut,
-    ScaffoldIn,
-    ScaffoldOut,
     StateWipeOut,
-    TestHookIn,
-    TestHookOut,
-    UninstallOut,
     UpdateCheckOut,
-    UpdateIn,
-    UpdateOut,
 )
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import registries as registry_selectors
 from plugins_app.selectors import state as state_selectors
-from plugins_app.services import audit
+from plugins_app.services import audit, plugin_config
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
@@ -352,7 +354,7 @@ def env(request, name: str = PluginPath):
 def set_env(request, name: str = PluginPath):
     """Set keys of [env] (null removes one); written to plugin.toml, used from the next hook call."""
     body = json_body(request, EnvIn)
-    return json_response(plugin_service.set_env(name, body.env, actor=actor(request)))
+    return json_response(plugin_config.set_env(name, body.env, actor=actor(request)))
 
 
 @router.get("/{name}/advanced-config", auth=VIEWER, response={200: AdvancedConfigOut, **E},
@@ -370,5 +372,5 @@ def set_advanced_config(request, name: str = PluginPath):
     """Change [hooks] settings (timeout, retries, caches, allow_network, limits…); only the keys given change,
     null restores a default. The whole manifest is validated before plugin.toml is written."""
     body = json_body(request, AdvancedConfigIn)
-    return json_response(plugin_service.set_advanced_config(name, body.model_dump(exclude_unset=True),
+    return json_response(plugin_config.set_advanced_config(name, body.model_dump(exclude_unset=True),
                                                             actor=actor(request)))

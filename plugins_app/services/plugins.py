@@ -1,5 +1,6 @@
 """Plugin lifecycle: scaffold, reload, enable/disable, install, update, uninstall, install-deps and the active
-chain in config.toml. Every change writes an AuditEntry and announces itself with events.plugin_changed.
+chain in config.toml (editing [env] and [hooks] settings: plugins_app/services/plugin_config.py). Every change writes
+an AuditEntry and announces itself with events.plugin_changed.
 
 Callers (API, dashboard views, CLI) catch PluginError (plugins_app/errors.py, re-exported here): `code` is stable, `status` is the HTTP status to answer.
 """
@@ -13,7 +14,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from django.db import IntegrityError
 
@@ -40,14 +40,17 @@ def _check_name(name: str) -> None:
                                           "'-' or '_', starting with a letter or digit", 400)
 
 
-def _require_installed(name: str) -> Path:
+def require_installed(name: str) -> Path:
+    """The plugin's directory; PluginError 400 for a bad name, 404 when it is not installed."""
     _check_name(name)
     if not plugin_catalog().exists(name):
         raise PluginError("not_found", f"plugin {name!r} is not installed", 404)
     return home().plugin_dir(name)
 
 
-def _changed(name: str, what: str, actor: str, action: str, details: dict | None = None, ok: bool = True) -> None:
+def record_change(name: str, what: str, actor: str, action: str, details: dict | None = None,
+                  ok: bool = True) -> None:
+    """Every change to a plugin: an AuditEntry, and (when it happened) the dashboard's plugin_changed event."""
     audit.record(actor, action, name, ok=ok, details=details)
     if ok:
         events.plugin_changed(name, what)
@@ -82,7 +85,7 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     bundles.publish_bundle(name)
-    _changed(name, "scaffolded", actor, "plugin.scaffold", {"runtime": p.runtime, "files": sorted(p.files)})
+    record_change(name, "scaffolded", actor, "plugin.scaffold", {"runtime": p.runtime, "files": sorted(p.files)})
     summary = get_plugin(name)
     assert summary is not None
     return summary
@@ -92,7 +95,7 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
 
 def reload_plugin(name: str, actor: str) -> dict:
     """Re-read plugin.toml now. A broken manifest is rejected (400) and the previous configuration keeps serving."""
-    _require_installed(name)
+    require_installed(name)
     catalog = plugin_catalog()
     try:
         loaded = catalog.validate(name)
@@ -106,7 +109,7 @@ def reload_plugin(name: str, actor: str) -> dict:
     declared = loaded.manifest.hooks.declared_hooks()
     valid = hooks_valid(entry.dir, declared)
     bundles.publish_bundle(name)
-    _changed(name, "reloaded", actor, "plugin.reload", {"version": loaded.manifest.version})
+    record_change(name, "reloaded", actor, "plugin.reload", {"version": loaded.manifest.version})
     return {"status": "ok", "plugin": name, "name": name, "version": loaded.manifest.version,
             "runtime": loaded.manifest.runtime.label, "hooks": sorted(declared), "hooks_valid": valid,
             "hook_timeout_secs": loaded.manifest.hooks.hook_timeout_secs, "enabled": entry.enabled,
@@ -115,7 +118,7 @@ def reload_plugin(name: str, actor: str) -> dict:
 
 
 def set_enabled(name: str, enabled: bool, actor: str) -> dict:
-    pdir = _require_installed(name)
+    pdir = require_installed(name)
     marker = pdir / DISABLED_MARKER
     was = not marker.exists()
     if enabled:
@@ -124,7 +127,7 @@ def set_enabled(name: str, enabled: bool, actor: str) -> dict:
         marker.touch()
     bundles.set_bundle_enabled(name, enabled)
     what = "enabled" if enabled else "disabled"
-    _changed(name, what, actor, f"plugin.{'enable' if enabled else 'disable'}", {"changed": was != enabled})
+    record_change(name, what, actor, f"plugin.{'enable' if enabled else 'disable'}", {"changed": was != enabled})
     return {"name": name, "enabled": enabled, "changed": was != enabled,
             "message": f"{name} is {what}; this takes effect on the next call"}
 
@@ -162,13 +165,13 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
             pass
     plugin_catalog().forget(result["name"])
     bundles.publish_bundle(result["name"])
-    _changed(result["name"], "installed", actor, "plugin.install", {"source": src.to_dict(),
+    record_change(result["name"], "installed", actor, "plugin.install", {"source": src.to_dict(),
                                                                       "version": result["version"]})
     return result
 
 
 def update_plugin(name: str, force: bool, actor: str) -> dict:
-    _require_installed(name)
+    require_installed(name)
     try:
         result = I.update(home(), name, force=force, default_registry=default_registry(),
                           registries=registry_configs())
@@ -177,7 +180,7 @@ def update_plugin(name: str, force: bool, actor: str) -> dict:
         raise _from_install_error(exc) from exc
     plugin_catalog().forget(name)
     bundles.publish_bundle(name)
-    _changed(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
+    record_change(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
     return result
 
 
@@ -191,7 +194,7 @@ def uninstall_plugin(name: str, actor: str) -> dict:
     bundles.retire_bundle(name)
     active = name in config_cache().get().context_engine.chain
     result["was_active"] = active
-    _changed(name, "uninstalled", actor, "plugin.uninstall", {"was_active": active})
+    record_change(name, "uninstalled", actor, "plugin.uninstall", {"was_active": active})
     return result
 
 
@@ -201,7 +204,7 @@ INSTALL_DEPS_WAIT_SECS = 330  # engine/plugins/requirements.py's own pip timeout
 def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
     """Install the plugin's requirements into its own virtualenv. pip runs build code from the internet, so it
     runs on a worker (the CLI may run it in-process when no worker is alive)."""
-    _require_installed(name)
+    require_installed(name)
     entry = plugin_catalog().get(name)
     if entry.plugin is None:
         raise PluginError("invalid_manifest", f"plugin {name!r} cannot be loaded", 400,
@@ -283,7 +286,7 @@ def install_with_deps(name: str, registry: str | None, ref: str | None, actor: s
     for n in result["installed"]:
         plugin_catalog().forget(n)
         bundles.publish_bundle(n)
-        _changed(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
+        record_change(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
                                                            "as_dependency_of": name if n != name else None})
     return result
 
@@ -310,7 +313,7 @@ def batch(operation: str, names: list[str], actor: str) -> dict:
 
 
 def export_plugin(name: str, actor: str) -> bytes:
-    _require_installed(name)
+    require_installed(name)
     try:
         data = I.export_archive(home(), name)
     except I.InstallError as exc:
@@ -320,7 +323,7 @@ def export_plugin(name: str, actor: str) -> bytes:
 
 
 def update_check(name: str) -> dict:
-    _require_installed(name)
+    require_installed(name)
     try:
         return I.update_check(home(), name, default_registry(), registry_configs())
     except I.InstallError as exc:
@@ -333,7 +336,7 @@ def wipe_state(name: str, actor: str) -> dict:
     (the plugin's virtualenv, its last good manifest: plugins_app/selectors/state.py SERVICE_OWNED)."""
     from plugins_app.selectors.state import SERVICE_OWNED
 
-    _require_installed(name)
+    require_installed(name)
     root = home().data_dir(name)
     removed, freed = 0, 0
     if root.is_dir() and not root.is_symlink():
@@ -354,90 +357,5 @@ def wipe_state(name: str, actor: str) -> dict:
                     child.unlink()
                 except OSError:
                     pass
-    _changed(name, "state_wiped", actor, "plugin.state_wipe", {"files_removed": removed, "bytes_freed": freed})
+    record_change(name, "state_wiped", actor, "plugin.state_wipe", {"files_removed": removed, "bytes_freed": freed})
     return {"plugin": name, "wiped": True, "files_removed": removed, "bytes_freed": freed, "path": str(root)}
-
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-# Settings of [hooks] an operator may change over the API; the hook script paths and runtime are the plugin's own.
-ADVANCED_KEYS = ("hook_timeout_secs", "on_hook_failure", "max_retries", "retry_delay_ms", "ingest_filter",
-                 "ingest_regex", "only_for_agent_ids", "hook_cache_ttl_secs", "assemble_cache_ttl_secs",
-                 "compact_cache_ttl_secs", "persistent_subprocess", "prewarm_subprocesses", "warm_start",
-                 "after_turn_queue_depth", "after_turn_max_chars", "allow_network", "allow_filesystem",
-                 "max_memory_mb", "max_cpu_secs", "circuit_breaker", "priority", "enable_shared_state",
-                 "otel_endpoint")
-
-
-def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> None:
-    """Apply `edit(doc)` to plugin.toml (tomlkit keeps comments and layout); the result must be a valid manifest
-    or nothing is written. The catalog sees the new file on the next call."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
-    from engine.plugins.manifest import parse_manifest_text
-
-    path = _require_installed(name) / "plugin.toml"
-    try:
-        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
-    except (OSError, TOMLKitError) as exc:
-        raise PluginError("invalid_manifest", f"plugin.toml of {name!r} cannot be read: {exc}", 400) from exc
-    edit(doc)
-    text = tomlkit.dumps(doc)
-    try:
-        parse_manifest_text(text)
-    except ManifestError as exc:
-        audit.record(actor, action, name, ok=False, details={**details, "error": str(exc)})
-        raise PluginError("invalid_config", f"the change would make plugin.toml invalid: {exc}", 400,
-                          [f.to_dict() for f in exc.findings]) from exc
-    config_service.atomic_write(path, text)
-    plugin_catalog().forget(name)
-    bundles.publish_bundle(name)
-    _changed(name, "configured", actor, action, details)
-
-
-def _set_keys(doc, table_name: str, changes: dict[str, Any]) -> None:
-    """Set keys of one plugin.toml table (created when missing); a None value removes the key."""
-    import tomlkit
-
-    table = doc.get(table_name)
-    if table is None:
-        table = tomlkit.table()
-        doc[table_name] = table
-    for k, v in changes.items():
-        if v is None:
-            table.pop(k, None)
-        else:
-            table[k] = v
-
-
-def set_env(name: str, env: dict[str, str | None], actor: str) -> dict:
-    """Set (or, with null, remove) keys of the plugin's [env]. Hooks get them on their next call."""
-    import re
-
-    bad = [k for k in env if not re.match(ENV_NAME, k)]
-    if bad:
-        raise PluginError("invalid_env", f"not an environment variable name: {', '.join(map(repr, bad))}", 400)
-
-    def edit(doc):
-        _set_keys(doc, "env", {k: None if v is None else str(v) for k, v in env.items()})
-    _edit_manifest(name, edit, actor, "plugin.env", {"set": sorted(k for k, v in env.items() if v is not None),
-                                                     "removed": sorted(k for k, v in env.items() if v is None)})
-    from plugins_app.selectors.state import plugin_env
-
-    return plugin_env(name)
-
-
-def set_advanced_config(name: str, changes: dict[str, Any], actor: str) -> dict:
-    """Change [hooks] execution settings (timeout, retries, caches, sandbox switches, limits); null removes a
-    setting (its default applies). Validated as a whole manifest before anything is written."""
-    unknown = sorted(set(changes) - set(ADVANCED_KEYS))
-    if unknown:
-        raise PluginError("invalid_config", f"not an advanced setting: {', '.join(unknown)}; settable: "
-                                            f"{', '.join(ADVANCED_KEYS)}", 400)
-
-    def edit(doc):
-        _set_keys(doc, "hooks", changes)
-    _edit_manifest(name, edit, actor, "plugin.advanced_config", {"changed": sorted(changes)})
-    from plugins_app.selectors.state import advanced_config
-
-    return advanced_config(name)

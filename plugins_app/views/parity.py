@@ -14,11 +14,12 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
-from plugins_app.schemas import AdvancedConfigIn, EnvIn
+from plugins_app.schemas.parity import AdvancedConfigIn, EnvIn
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import registries as registry_selectors
 from plugins_app.selectors import state as state_selectors
 from plugins_app.services import benchmark as benchmark_service
+from plugins_app.services import plugin_config
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services import prewarm as prewarm_service
 from plugins_app.views.roles import actor, role_required
@@ -150,7 +151,7 @@ def _parse_env_lines(text: str) -> dict[str, str | None]:
 
 def _config_context(name: str, **extra) -> dict:
     current = state_selectors.advanced_config(name)
-    settable = {k: current[k] for k in plugin_service.ADVANCED_KEYS if k in current}
+    settable = {k: current[k] for k in plugin_config.ADVANCED_KEYS if k in current}
     return {"plugin_name": name, "env": state_selectors.plugin_env(name), "advanced": settable,
             "advanced_text": json.dumps(settable, indent=2), "env_text": "", **extra}
 
@@ -173,7 +174,7 @@ def env_set(request, name: str):
     text = request.POST.get("env", "")
     try:
         body = EnvIn(env=_parse_env_lines(text))
-        plugin_service.set_env(name, body.env, actor(request))
+        plugin_config.set_env(name, body.env, actor(request))
     except (ValueError, ValidationError) as exc:
         return render(request, P + "parity_config.html",
                       _config_context(name, env_text=text, env_error=str(exc)), status=400)
@@ -199,7 +200,7 @@ def advanced_set(request, name: str):
         changes = {k: v for k, v in wanted.items() if k not in current or current[k] != v}
         body = AdvancedConfigIn(**changes)
         if changes:
-            plugin_service.set_advanced_config(name, body.model_dump(exclude_unset=True), actor(request))
+            plugin_config.set_advanced_config(name, body.model_dump(exclude_unset=True), actor(request))
     except (ValueError, ValidationError, TypeError) as exc:
         return render(request, P + "parity_config.html",
                       _config_context(name, advanced_text=text, advanced_error=str(exc)), status=400)

@@ -224,8 +224,8 @@ def test_it_changes_advanced_config_only_when_the_manifest_stays_valid(api, home
 
 
 def test_the_advanced_settings_match_the_api_schema():
-    from plugins_app.schemas import AdvancedConfigIn
-    from plugins_app.services.plugins import ADVANCED_KEYS
+    from plugins_app.schemas.parity import AdvancedConfigIn
+    from plugins_app.services.plugin_config import ADVANCED_KEYS
 
     assert set(AdvancedConfigIn.model_fields) == set(ADVANCED_KEYS)
 
