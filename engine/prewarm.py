@@ -1,7 +1,7 @@
 """Prewarm: start the warm-start zygote(s) a plugin's python hooks will be forked from, before their first call.
 
 A hook call is resolved here exactly as a real call resolves it (engine/invoke.py `hook_call_for`, engine/process/runner.py
-`build_env` and the interpreter choice), so the zygote started is the one the call will find: same interpreter,
+`build_env` and `hook_argv`), so the zygote started is the one the call will find: same interpreter,
 same start-up environment (engine/process/warmstart.py `startup_env`). Only what warmstart.ensure() confirms is reported as
 warmed; every other hook says why nothing was warmed.
 """
@@ -15,8 +15,8 @@ from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import CatalogEntry
 from engine.process import warmstart
-from engine.process.runner import build_env, locate_script
-from engine.process.runtimes import LauncherNotFound, build_command
+from engine.process.runner import build_env, hook_argv, locate_script
+from engine.process.runtimes import LauncherNotFound
 from engine.protocol import Failure
 
 Ensure = Callable[[str, Mapping[str, str]], bool]
@@ -47,12 +47,10 @@ def warm_plugin(entry: CatalogEntry, home: Home, ensure: Ensure = warmstart.ensu
             out["failed"][hook] = f"{script.kind}: {script.message}"
             continue
         try:
-            argv = build_command(call.runtime, str(script))
+            argv = hook_argv(call, script)
         except LauncherNotFound as exc:
             out["failed"][hook] = f"launcher_not_found: {exc}"
             continue
-        if call.venv_dir is not None and (call.venv_dir / "bin" / "python").exists():
-            argv[0] = str(call.venv_dir / "bin" / "python")  # as the runner does for a plugin with requirements
         if not warmstart.applies(call, argv):
             out["skipped"][hook] = f"runs as {argv[0]!r}, which is not forked from a zygote"
             continue

@@ -216,12 +216,9 @@ def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookRes
     if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
         return fail(P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} runs in-process, not as a subprocess")
     try:
-        argv = build_command(call.runtime, str(script))
+        argv = hook_argv(call, script)
     except LauncherNotFound as exc:
         return fail(P.LAUNCHER_NOT_FOUND, str(exc))
-    venv_python = _venv_python(call)
-    if venv_python is not None:
-        argv[0] = venv_python
     if call.data_dir is not None:
         try:
             call.data_dir.mkdir(parents=True, exist_ok=True)
@@ -336,6 +333,16 @@ def _check_executable(path: str) -> tuple[str, str] | None:
     if not os.access(path, os.X_OK) or os.path.isdir(path):
         return P.SPAWN_FAILED, f"cannot execute {path!r}: Permission denied (is the exec bit set?)"
     return None
+
+
+def hook_argv(call: HookCall, script: Path) -> list[str]:
+    """The command that runs `script`: the runtime's launcher, or the plugin's own venv python when it has one
+    (engine/prewarm.py resolves the same command to warm its zygote). Raises LauncherNotFound."""
+    argv = build_command(call.runtime, str(script))
+    venv_python = _venv_python(call)
+    if venv_python is not None:
+        argv[0] = venv_python
+    return argv
 
 
 def _venv_python(call: HookCall) -> str | None:
