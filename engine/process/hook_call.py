@@ -66,6 +66,6 @@ class HookResult:
 class Runtime(Protocol):
     """Runs one hook call; never raises for anything the hook does, every failure is classified."""
 
-    name: str  # for logs and tests: "subprocess", "warm start", "wasm"
+    name: str  # "subprocess", "warm start" or "wasm"
 
     def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult: ...

@@ -20,12 +20,7 @@ ECHO = "import json, sys\nreq = json.loads(sys.stdin.read())\nprint(json.dumps({
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm start is linux only")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_zygotes(monkeypatch):
-    monkeypatch.delenv("LIBREFANG_WARM_START", raising=False)
-    warmstart.shutdown()
-    yield
-    warmstart.shutdown()
+pytestmark = pytest.mark.usefixtures("fresh_zygotes")
 
 
 def _call(tmp_path: Path, runtime: str = "python", script: str = "hooks/hook.py", source: str | None = ECHO,
