@@ -21,9 +21,11 @@ from engine.hooks import timeout_for
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
-from engine.process.runner import HookCall, HookResult, StderrCallback, run_hook
+from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
+from engine.process.runner import process_runtime
 from engine.protocol import Failure
 from engine.schemas import validate as validate_schema
+from engine.wasm.hooks import WASM
 
 # stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).
 STDERR_LOGGERS = {False: logging.getLogger("plugin_stderr"), True: logging.getLogger("python_stderr")}
@@ -155,18 +157,15 @@ def venv_dir(home: Home, name: str):
     return path if (path / "bin" / "python").exists() else None
 
 
+def runtime_for(call: HookCall) -> Runtime:
+    """The runtime that runs `call`: wasm modules in the worker (engine/wasm/hooks.py); every other hook in its own
+    process (engine/process/runner.py), forked from a warm zygote when it is a python hook that can be."""
+    return WASM if call.runtime.runtime.is_wasm else process_runtime(call)
+
+
 def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
     """Run one attempt of a hook call with its runtime."""
-    # In-process runtimes (`wasm`) run inside the worker (engine/wasm.py); a build without it fails the call with
-    # a classified launcher_not_found, never a crash.
-    if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
-        try:
-            from engine.wasm import run_wasm_hook  # type: ignore[attr-defined]
-        except ImportError:
-            return HookResult(False, failure=Failure(
-                P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} is not available in this build"))
-        return run_wasm_hook(call, on_stderr, capabilities=call.wasm_capabilities)
-    return run_hook(call, on_stderr)
+    return runtime_for(call).run(call, on_stderr)
 
 
 def write_config_file(plugin: Any, home: Home):

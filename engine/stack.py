@@ -19,6 +19,7 @@ from engine import hooks as H
 from engine import protocol as P
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
+from engine.hook_requests import normalise
 from engine.invoke import Attempt, Judge, Overrides, invoke
 from engine.overrides import BootstrapOverrides
 from engine.plugins.catalog import Catalog
@@ -35,7 +36,6 @@ from engine.ports import (
 )
 from engine.process.runner import HookResult
 from engine.replies import apply_after_turn_reply, memories_from
-from engine.requests import normalise
 from engine.resilience import CircuitBreakers, TtlCache
 from engine.strategies import (
     AFTER_TURN_REPLY,
