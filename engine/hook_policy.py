@@ -14,7 +14,7 @@ from engine import default_engine as D
 from engine import hooks as H
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.hook_requests import normalise
-from engine.invoke import retry_delay_ms
+from engine.hooks import retry_delay_ms
 from engine.plugins.catalog import Catalog
 from engine.ports import MemoryStore, Summarizer
 from engine.strategies import STRATEGIES

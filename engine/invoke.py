@@ -17,7 +17,8 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
-from engine.hooks import timeout_for
+from engine.hooks import retry_delay_ms, timeout_for
+from engine.overrides import Overrides
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
@@ -59,14 +60,6 @@ def preview(value: Any, limit: int = PREVIEW_BYTES) -> str:
         return text
     return data[:limit].decode("utf-8", errors="ignore") + "…"
 
-
-@dataclass
-class Overrides:
-    """What a plugin's bootstrap reply changed for its later calls (per worker process, like LibreFang)."""
-
-    env: dict[str, str] = field(default_factory=dict)  # env_overrides; static [env] keys win
-    ingest_filter: str | None = None
-    allow_network: bool | None = None
 
 
 # (failure message or None, warnings for the trace): lets the caller judge a reply before it is recorded.
@@ -211,11 +204,6 @@ def _state_lock(path: Path) -> threading.Lock:
 # Failures a retry cannot fix.
 PERMANENT_FAILURES = frozenset({P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND, P.LAUNCHER_NOT_FOUND, P.INVALID_INPUT,
                                 P.MANIFEST_INVALID, P.INTEGRITY_FAILED, P.HOOK_NOT_DECLARED, P.INVALID_OUTPUT})
-
-
-def retry_delay_ms(base_ms: int, attempt: int, cap_ms: int = 30_000) -> float:
-    """Delay before retry number `attempt` (1-based): base, 2x base, 4x base ... capped (exponential backoff)."""
-    return min(base_ms * (2 ** (attempt - 1)), cap_ms)
 
 
 def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocations: InvocationSink,
