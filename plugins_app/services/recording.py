@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import time
 
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from engine import quantiles
@@ -18,6 +18,7 @@ from engine.ports import AGENT, TEST_CONSOLE, Invocation
 from plugins_app import events
 from plugins_app.batching import BatchWriter
 from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
+from plugins_app.services.connections import refresh_connections
 
 log = logging.getLogger("librefang.recording")
 MAX_TRACES = 10_000
@@ -132,7 +133,7 @@ class DbInvocationSink(BatchWriter[Invocation]):
         super().flush(timeout)
 
     def write(self, batch: list[Invocation]) -> None:
-        close_old_connections()
+        refresh_connections()
         self._write(batch)
 
     def _write(self, batch: list[Invocation]) -> None:
