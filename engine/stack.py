@@ -76,10 +76,10 @@ class EngineReply:
         return out
 
 
-class _CallCatalog:
+class CallCatalog:
     """The catalog as one call sees it: each plugin looked up once. Catalog.get stats the plugin's directory and
     checks its hook paths and integrity on every lookup; a call needs that once, not once per step (chain, filters,
-    run, failure policy)."""
+    run, failure policy; chain and timeouts for a deadline)."""
 
     def __init__(self, catalog: Any):
         self._catalog = catalog
@@ -136,14 +136,14 @@ class ContextEngine:
 
     def deadline_secs(self, hook: str) -> float:
         """How long an agent may wait for `hook` (engine/hook_policy.py, the same rule the web tier uses)."""
-        return policy.deadline_secs(hook, self.catalog, self.config.get())
+        return policy.deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
             raise ValueError(f"unknown hook {hook!r}; hooks are: {', '.join(H.ALL_HOOKS)}")
         # One call sees each plugin as it is when the call first looks it up (chain, filters, run, policy).
         call = copy.copy(self)
-        call.catalog = _CallCatalog(self.catalog)
+        call.catalog = CallCatalog(self.catalog)
         return call._handle(hook, request, job_id)
 
     def _handle(self, hook: str, request: dict[str, Any], job_id: str | None) -> EngineReply:

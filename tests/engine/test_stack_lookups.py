@@ -44,6 +44,8 @@ def test_one_call_looks_each_layer_up_once_and_the_next_call_looks_again(engine,
     assert reply.source == "default" and "one:" in reply.fallback_reason and "two:" in reply.fallback_reason
     assert counting.gets == {"one": 2, "two": 2}
 
+    assert engine.deadline_secs("ingest") > 0 and counting.gets == {"one": 3, "two": 3}  # chain, then timeouts
+
     (ehome.plugins_dir / "two" / DISABLED_MARKER).touch()
     reply = engine.handle("ingest", {"agent_id": "a", "message": "m"})
     assert reply.source == "one" and [m["content"] for m in reply.result["memories"]] == ["A"]
