@@ -6,6 +6,7 @@ database; dashboards are told which metrics moved.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -125,6 +126,11 @@ class DbInvocationSink(BatchWriter[Invocation]):
     def __init__(self) -> None:
         super().__init__()
         self._written = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        # the writer thread's own event loop, for the dashboards' events: kept, not made per batch
+        self._loop = asyncio.new_event_loop()
 
     def record(self, invocation: Invocation) -> None:
         self.put(invocation)
@@ -149,4 +155,5 @@ class DbInvocationSink(BatchWriter[Invocation]):
         self._written += len(batch)
         if self._written // PRUNE_EVERY != before // PRUNE_EVERY:
             prune_traces()
-        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})])
+        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})],
+                               self._loop)
