@@ -6,6 +6,8 @@ started from each tree, so background load hits both alike. For a before/after o
     .venv/bin/python bench/rest_ab.py /tmp/base [calls]
 
 Both services run on this checkout's interpreter; each runs its own tree's code (manage.py from its directory).
+CPU per call is daphne's and the worker's own (utime + stime of the two processes; the hook's processes are not
+theirs).
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ class Agent:
         return elapsed
 
 
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(service: live.LiveService) -> dict[str, float]:
+    out = {}
+    for name, pid in (("web", service.web.pid), ("worker", service.workers[0].pid)):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) * TICK_MS
+    return out
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -74,15 +87,18 @@ def main() -> None:
                 for a in agents.values():
                     a.call()
             times: dict[str, list[float]] = {k: [] for k in agents}
+            cpu0 = {k: cpu_ms(s) for k, s in services.items()}
             for i in range(n):
                 order = ["other", "this"] if i % 2 else ["this", "other"]
                 for k in order:
                     times[k].append(agents[k].call())
+            cpu = {k: {f"{part}_cpu_ms_per_call": round((v - cpu0[k][part]) / n, 3)
+                       for part, v in cpu_ms(s).items()} for k, s in services.items()}
         finally:
             for s in services.values():
                 s.stop()
     out = {k: {"p50_ms": round(statistics.median(v), 2), "p95_ms": round(pct(v, 95), 2),
-               "mean_ms": round(statistics.fmean(v), 2)} for k, v in times.items()}
+               "mean_ms": round(statistics.fmean(v), 2), **cpu[k]} for k, v in times.items()}
     diffs = [t - o for t, o in zip(times["this"], times["other"], strict=True)]
     print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, **out,
                       "this_minus_other_p50_ms": round(out["this"]["p50_ms"] - out["other"]["p50_ms"], 2),
