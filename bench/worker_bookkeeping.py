@@ -4,7 +4,8 @@ and wall time of each step, over N jobs, against real Redis and a real SQLite da
 Steps, in the order plugins_app/services/jobs.py takes them: XREADGROUP (one job per read, as a worker with free
 slots reads them as they come) with the signature check, the connection check (plugins_app/services/connections.py
 refresh_connections), the reply (list + publish), and the outcome: JobRecord insert then XACK + XDEL, either per job
-on the job's thread (`inline`) or handed to the outcome writer (`batched`, plugins_app/services/jobs.py OutcomeWriter), whose thread's CPU is counted too.
+on the job's thread (`inline`) or handed to the outcome writer (`batched`, plugins_app/services/jobs.py
+OutcomeWriter), whose thread's CPU is counted too.
 
     .venv/bin/python bench/worker_bookkeeping.py [jobs]
 """
