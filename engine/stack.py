@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import copy
 import logging
 import re
 import time
@@ -75,6 +76,37 @@ class EngineReply:
         return out
 
 
+class CallCatalog:
+    """The catalog as one call sees it: each plugin looked up once. Catalog.get stats the plugin's directory and
+    checks its hook paths and integrity on every lookup; a call needs that once, not once per step (chain, filters,
+    run, failure policy; chain and timeouts for a deadline)."""
+
+    def __init__(self, catalog: Any):
+        self._catalog = catalog
+        self.home = catalog.home
+        self._entries: dict[str, Any] = {}
+
+    def _entry(self, name: str) -> Any:
+        if name not in self._entries:
+            try:
+                self._entries[name] = self._catalog.get(name)
+            except KeyError:  # not installed
+                self._entries[name] = None
+        return self._entries[name]
+
+    def exists(self, name: str) -> bool:
+        return self._entry(name) is not None
+
+    def get(self, name: str) -> Any:
+        entry = self._entry(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry
+
+    def __getattr__(self, attr: str) -> Any:  # names(), validate(), ...: the catalog's own
+        return getattr(self._catalog, attr)
+
+
 @dataclass
 class EngineDeps:
     home: Home
@@ -104,11 +136,17 @@ class ContextEngine:
 
     def deadline_secs(self, hook: str) -> float:
         """How long an agent may wait for `hook` (engine/hook_policy.py, the same rule the web tier uses)."""
-        return policy.deadline_secs(hook, self.catalog, self.config.get())
+        return policy.deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
             raise ValueError(f"unknown hook {hook!r}; hooks are: {', '.join(H.ALL_HOOKS)}")
+        # One call sees each plugin as it is when the call first looks it up (chain, filters, run, policy).
+        call = copy.copy(self)
+        call.catalog = CallCatalog(self.catalog)
+        return call._handle(hook, request, job_id)
+
+    def _handle(self, hook: str, request: dict[str, Any], job_id: str | None) -> EngineReply:
         cfg = self.config.get()
         ce = cfg.context_engine
         req = normalise(hook, request, after_turn_max_chars=ce.after_turn_max_chars,

@@ -9,8 +9,8 @@ import logging
 import urllib.request
 
 from engine.config import LlmConfig
-from engine.hook_policy import HookPolicy
-from engine.stack import ContextEngine, EngineDeps
+from engine.hook_policy import HookPolicy, deadline_secs
+from engine.stack import CallCatalog, ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.home import catalog, config_cache, forget, home
 from plugins_app.services.memory import DbMemoryStore
@@ -67,10 +67,16 @@ def get_engine() -> ContextEngine:
     return ContextEngine(deps, catalog=catalog(), config=config_cache())
 
 
+class _WebHookPolicy(HookPolicy):
+    def deadline_secs(self, hook: str) -> float:
+        # each plugin looked up once per call (chain, then its timeouts): this runs on the web tier's event loop
+        return deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
+
+
 @functools.lru_cache(maxsize=1)
 def hook_policy() -> HookPolicy:
     """What the web tier's hook path needs (a deadline, the default engine's answer): no ContextEngine is built."""
-    return HookPolicy(catalog(), config_cache(), DbMemoryStore(), summarizer_for)
+    return _WebHookPolicy(catalog(), config_cache(), DbMemoryStore(), summarizer_for)
 
 
 def reset_engine() -> None:
