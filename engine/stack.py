@@ -21,9 +21,9 @@ from engine import protocol as P
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
 from engine.hook_requests import normalise
-from engine.invoke import Attempt, Judge, Overrides, invoke
-from engine.overrides import BootstrapOverrides
-from engine.plugins.catalog import Catalog
+from engine.invoke import Attempt, Judge, invoke
+from engine.overrides import BootstrapOverrides, Overrides
+from engine.plugins.catalog import CallCatalog, Catalog
 from engine.ports import (
     TEST_CONSOLE,
     InvocationSink,
@@ -35,7 +35,7 @@ from engine.ports import (
     StderrSink,
     Summarizer,
 )
-from engine.process.runner import HookResult
+from engine.process.hook_call import HookResult
 from engine.replies import apply_after_turn_reply, memories_from
 from engine.resilience import CircuitBreakers, TtlCache
 from engine.strategies import (
@@ -75,36 +75,6 @@ class EngineReply:
             out["error"] = self.error
         return out
 
-
-class CallCatalog:
-    """The catalog as one call sees it: each plugin looked up once. Catalog.get stats the plugin's directory and
-    checks its hook paths and integrity on every lookup; a call needs that once, not once per step (chain, filters,
-    run, failure policy; chain and timeouts for a deadline)."""
-
-    def __init__(self, catalog: Any):
-        self._catalog = catalog
-        self.home = catalog.home
-        self._entries: dict[str, Any] = {}
-
-    def _entry(self, name: str) -> Any:
-        if name not in self._entries:
-            try:
-                self._entries[name] = self._catalog.get(name)
-            except KeyError:  # not installed
-                self._entries[name] = None
-        return self._entries[name]
-
-    def exists(self, name: str) -> bool:
-        return self._entry(name) is not None
-
-    def get(self, name: str) -> Any:
-        entry = self._entry(name)
-        if entry is None:
-            raise KeyError(name)
-        return entry
-
-    def __getattr__(self, attr: str) -> Any:  # names(), validate(), ...: the catalog's own
-        return getattr(self._catalog, attr)
 
 
 @dataclass
