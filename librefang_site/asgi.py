@@ -3,6 +3,7 @@ calls are answered before Django's middleware (plugins_app/api/hook_asgi.py); /m
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 
@@ -16,6 +17,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.urls import get_resolver  # noqa: E402
 
 from plugins_app import bus  # noqa: E402
 from plugins_app.api.hook_asgi import LeanHookRoutes  # noqa: E402
@@ -75,3 +77,10 @@ application = ProtocolTypeRouter(
                                             settings.ALLOWED_HOSTS),
     }
 )
+
+# What start-up loaded (Django, the URL conf and its views, the engine) lives as long as the process: kept out of the
+# cyclic collector, so a full collection no longer walks ~200k objects (≈150 ms holding the GIL, a p99 spike for
+# every call in flight) but only what was made since.
+get_resolver().url_patterns  # noqa: B018 - load the views now, not on the first request
+gc.collect()
+gc.freeze()
