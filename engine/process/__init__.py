@@ -6,9 +6,13 @@ disk nor hook semantics.
     hook_call.py           HookCall (one call, as the runner takes it) and HookResult
     runner.py              one hook call: environment, sandbox spec, spawn (or fork from the zygote)
     hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
-    sandbox.py             the SandboxSpec applied in the child (namespaces, rlimits, mounts, probing)
+    sandbox.py             what a hook's sandbox is, probing, and the names its callers use from:
+    sandbox_enter.py       the SandboxSpec and `enter`, applied in the child (namespaces, rlimits, capabilities)
+    sandbox_spare.py       the same in two steps, for a zygote's spare child (`pre_enter`)
+    sandbox_mounts.py      the hook's view of the filesystem (covered home, kept directories, read-only mounts)
     sandbox_tree.py        the keeper/init/hook processes of a sandboxed call
     sandbox_cgroups.py     per-call cgroups (memory and pids limits)
+    sandbox_libc.py        the libc calls (unshare, mount, prctl, capset) and their constants
     warmstart.py           the zygotes and the spawner, kept warm
     warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner)
     hook_spawner.py        the cold-hook spawner: execs non-warm hooks so the worker never forks itself

@@ -1,6 +1,6 @@
 """Per-call cgroups for a hook's memory and process-count limits, made by the service (or the zygote's spare,
-engine/process/warmstart_zygote.py) and joined by engine/process/sandbox.py `enter`. Stdlib only and loaded by path
-in the zygote and the spawner, like engine/process/sandbox.py.
+engine/process/warmstart_zygote.py) and joined by engine/process/sandbox_enter.py `enter`. Stdlib only and loaded
+outside the engine package in the zygote and the spawner, like engine/process/sandbox.py.
 """
 
 import atexit

@@ -1,7 +1,8 @@
 """The warm-start zygote: run as a *script* by the resolved python launcher (never imported by the worker).
 
 It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules and
-engine/process/sandbox.py (by path, argv[2]: stdlib only), then waits on a SOCK_SEQPACKET control socket. Each request
+engine/process/sandbox.py (argv[2]: stdlib only, loaded with its siblings as a package of their own, `_PACKAGE`, outside
+the engine package), then waits on a SOCK_SEQPACKET control socket. Each request
 carries, as SCM_RIGHTS, a reply socket and the hook's stdin/stdout/stderr pipe ends; the JSON spec (script and the
 runner's SandboxSpec) follows on the reply socket. The zygote forks; the child takes a new session and its stdio,
 applies the sandbox with the same function as a spawned hook (sandbox.enter: PDEATHSIG, cgroup, namespaces, mounts,
@@ -15,7 +16,7 @@ sandbox shape, the next spare also enters it ahead (sandbox.pre_enter: namespace
 process waiting for its call), so the call's path has no fork left. Run by engine/process/hook_spawner.py, the same loop
 execs any hook's program instead of running a python script (exec mode, cold hooks).
 
-No imports from the engine package (engine/process/sandbox.py is loaded by path), compatible with any CPython >= 3.9 on
+No imports from the engine package (engine/process/sandbox.py is loaded as `_PACKAGE`.sandbox), compatible with any CPython >= 3.9 on
 Linux.
 """
 
@@ -40,7 +41,7 @@ from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
 _SIGKILL = 9
 _SIGINT = 2
-_SANDBOX_NAME = "librefang_sandbox"  # its siblings load as librefang_sandbox_<name> (engine/process/sandbox.py)
+_PACKAGE = "librefang_process"  # engine/process/ as the zygote loads it (`_load_sandbox`), not the engine package
 _HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
@@ -53,9 +54,13 @@ def _stdlib_dirs():
 
 
 def _pop_sandbox_modules():
-    """Take engine/process/sandbox.py and the siblings it loaded by path out of sys.modules (a fresh interpreter
-    would not have them); returns them."""
-    return {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith(_SANDBOX_NAME)}
+    """Take engine/process/sandbox.py and the siblings it imported (the `_PACKAGE` modules) out of sys.modules (a
+    fresh interpreter would not have them), and the importer cached for its directory; returns them."""
+    popped = {name: sys.modules.pop(name) for name in list(sys.modules)
+              if name == _PACKAGE or name.startswith(_PACKAGE + ".")}
+    for directory in getattr(popped.get(_PACKAGE), "__path__", ()):
+        sys.path_importer_cache.pop(directory, None)
+    return popped
 
 
 def _check_preloaded():
@@ -586,14 +591,16 @@ def _finalize(status, main, forked_modules, interrupted):
 
 
 def _load_sandbox(path):
-    """engine/process/sandbox.py as a module of its own (this script imports nothing from the engine package)."""
-    from importlib.util import module_from_spec, spec_from_file_location
+    """engine/process/sandbox.py as `_PACKAGE`.sandbox: its directory becomes a bare package of its own (no engine
+    package, no __init__ run), so that it and its stdlib-only siblings import each other relatively."""
+    import importlib
+    from importlib.machinery import ModuleSpec
+    from importlib.util import module_from_spec
 
-    found = spec_from_file_location(_SANDBOX_NAME, path)
-    module = module_from_spec(found)
-    sys.modules[_SANDBOX_NAME] = module  # dataclasses looks its module up while building SandboxSpec
-    found.loader.exec_module(module)
-    return module
+    found = ModuleSpec(_PACKAGE, None, is_package=True)
+    found.submodule_search_locations = [os.path.dirname(os.path.abspath(path))]
+    sys.modules[_PACKAGE] = module_from_spec(found)
+    return importlib.import_module(f"{_PACKAGE}.{os.path.splitext(os.path.basename(path))[0]}")
 
 
 def _exec(spec, exec_error):
