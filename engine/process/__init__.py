@@ -14,6 +14,7 @@ disk nor hook semantics.
     sandbox_cgroups.py     per-call cgroups (memory and pids limits)
     sandbox_libc.py        the libc calls (unshare, mount, prctl, capset) and their constants
     warmstart.py           the zygotes and the spawner, kept warm
+    zygote_client.py       the worker's handle on one zygote (start, hand it a call) and on the child it forked
     warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner), and a hook's `__main__`
     zygote_serve.py        the zygote's loop: spare children, hand-over of a call, answers
     zygote_child.py        a zygote's child, from its fork to the hook (sandbox entered, or exec in exec mode)
