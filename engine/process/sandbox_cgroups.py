@@ -8,6 +8,8 @@ import os
 import sys
 import threading
 
+from .pids import alive
+
 
 def unescape_mountinfo(raw: bytes) -> bytes:
     """A /proc/self/mountinfo field with its octal escapes (\\040 for a space) decoded."""
@@ -177,23 +179,11 @@ def _remove_stale(bases: set) -> None:
             continue
         for name in names:
             owner = name.split("-")[2]
-            if owner.isdigit() and not _alive(int(owner)):
+            if owner.isdigit() and not alive(int(owner)):
                 try:
                     os.rmdir(os.path.join(base, name))
                 except OSError:
                     pass
-
-
-def _alive(pid: int) -> bool:
-    # Not engine/pids.py: this file is also loaded by path in the zygote and the spawner, which run interpreters
-    # that cannot import the engine package.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _can_create_under(base: str, limit_file: str) -> bool:
