@@ -19,5 +19,6 @@ disk nor hook semantics.
     warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner), and a hook's `__main__`
     zygote_serve.py        the zygote's loop: spare children, hand-over of a call, answers
     zygote_child.py        a zygote's child, from its fork to the hook (sandbox entered, or exec in exec mode)
+    zygote_wire.py         the hand-over of a call between the worker, a zygote and its spare (SCM_RIGHTS, JSON)
     hook_spawner.py        the cold-hook spawner: execs non-warm hooks so the worker never forks itself
 """

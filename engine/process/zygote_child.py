@@ -6,19 +6,17 @@ program. Stdlib only and loaded outside the engine package, like engine/process/
 
 import json
 import os
-import socket
 
-from .zygote_serve import _HEADER, _received_fds, _recv_exact
+from .zygote_wire import HEADER, recv_call, recv_exact
 
 
 def _await_call(sock):
     """In the spare child: wait for the call's fds and spec; exit quietly if the zygote retires or dies first."""
     try:
-        msg, anc, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
+        msg, fds = recv_call(sock)
         if not msg:
             os._exit(0)
-        fds = _received_fds(anc)
-        spec = json.loads(_recv_exact(sock, _HEADER.unpack(msg)[0]))
+        spec = json.loads(recv_exact(sock, HEADER.unpack(msg)[0]))
     except BaseException:  # noqa: BLE001 - the zygote went away mid-hand-over
         os._exit(0)
     sock.close()

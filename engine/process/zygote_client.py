@@ -1,12 +1,11 @@
 """The worker's side of one zygote (engine/process/warmstart_zygote.py) or of the spawner (engine/process/hook_spawner.py):
-`Zygote` starts it and hands it a call (the hook's pipe ends and a reply socket as SCM_RIGHTS, then the JSON spec),
-and `WarmProcess` is the forked child as the runner drives it, like a subprocess.Popen. Which zygotes run, and when a
-call goes to one, is engine/process/warmstart.py.
+`Zygote` starts it and hands it a call (engine/process/zygote_wire.py: the hook's pipe ends and a reply socket, then
+the JSON spec), and `WarmProcess` is the forked child as the runner drives it, like a subprocess.Popen. Which zygotes
+run, and when a call goes to one, is engine/process/warmstart.py.
 """
 
 from __future__ import annotations
 
-import array
 import json
 import logging
 import math
@@ -14,13 +13,14 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from engine.process.zygote_wire import HEADER, send_call
 
 log = logging.getLogger("librefang.warmstart")
 
@@ -29,7 +29,6 @@ SPAWNER_SCRIPT = Path(__file__).with_name("hook_spawner.py")  # the same loop, e
 SANDBOX_MODULE = Path(__file__).with_name("sandbox.py")  # loaded in the zygote with its stdlib-only siblings
 READY_TIMEOUT_SECS = 15.0
 PID_TIMEOUT_SECS = 10.0
-_HEADER = struct.Struct("!I")
 
 
 class WarmProcess:
@@ -182,7 +181,7 @@ class Zygote:
         try:
             with self.lock:
                 if self.ctl is not None:
-                    self.ctl.send(_HEADER.pack(0))
+                    self.ctl.send(HEADER.pack(0))
         except OSError:
             pass
         threading.Thread(target=self._close_when_done, name="zygote-retire", daemon=True).start()
@@ -206,11 +205,11 @@ class Zygote:
         mine = [in_w, out_r, err_r]
         exec_r, exec_w = os.pipe() if argv is not None else (None, None)
         try:
-            fds = array.array("i", [theirs.fileno(), in_r, out_w, err_w] + ([exec_w] if exec_w is not None else []))
+            fds = [theirs.fileno(), in_r, out_w, err_w] + ([exec_w] if exec_w is not None else [])
             with self.lock:
                 if self.ctl is None:
                     raise ConnectionError("zygote stopped")
-                self.ctl.sendmsg([_HEADER.pack(len(spec))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                send_call(self.ctl, len(spec), fds)
         except OSError:
             self.broken = True
             ours.close()

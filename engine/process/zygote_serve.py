@@ -1,51 +1,23 @@
 """The zygote's loop (engine/process/warmstart_zygote.py; in exec mode the spawner's, engine/process/hook_spawner.py):
 take calls from the worker on the control socket, keep a spare child ready (in a cgroup of its own, and once a call
 has shown the service's sandbox shape, in its namespaces: engine/process/sandbox_spare.py), hand each call to the spare
-or fork on demand, and answer with the child's pid, then its exit status. Also the wire format both ends of a
-hand-over read: a 4-byte length header, SCM_RIGHTS descriptors, then the JSON spec.
+or fork on demand, and answer with the child's pid, then its exit status (the messages: engine/process/zygote_wire.py).
 
 Stdlib only and loaded outside the engine package, like engine/process/sandbox.py. Single-threaded on purpose: fork()
 from a threaded process is unsafe.
 """
 
-import array
 import json
 import os
 import select
 import selectors
 import socket
-import struct
+
+from .zygote_wire import HEADER, recv_call, recv_exact, send_call, send_line
 
 _SIGKILL = 9
-_HEADER = struct.Struct("!I")
 _SPEC_TIMEOUT_SECS = 10.0
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
-
-
-def _received_fds(anc):
-    """The descriptors passed as SCM_RIGHTS in a recvmsg's ancillary data."""
-    fds = array.array("i")
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    return fds
-
-
-def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("reply socket closed before the spec arrived")
-        buf += chunk
-    return bytes(buf)
-
-
-def _send(sock, obj):
-    try:
-        sock.sendall((json.dumps(obj) + "\n").encode())
-    except OSError:
-        pass  # the worker gave up on this call; the child is reaped anyway
 
 
 def _serve(ctl, sandbox):
@@ -116,7 +88,7 @@ def _serve(ctl, sandbox):
             rc = os.waitstatus_to_exitcode(status)
         except ValueError:
             rc = -_SIGKILL
-        _send(reply, {"rc": rc, "oom": bool(paths) and sandbox._oom_killed(tuple(paths))})
+        send_line(reply, {"rc": rc, "oom": bool(paths) and sandbox._oom_killed(tuple(paths))})
         reply.close()
         child[1] = None
 
@@ -173,16 +145,15 @@ def _serve(ctl, sandbox):
         for key, _ in sel.select(0.5 if leftover else None):
             if key.data is None:
                 try:
-                    msg, anc, _flags, _addr = ctl.recvmsg(_HEADER.size, socket.CMSG_SPACE(8 * 4))
+                    msg, fds = recv_call(ctl)
                 except InterruptedError:
                     continue
                 if not msg:  # the worker is gone: children die with us (PDEATHSIG), the spare on EOF
                     exit_now()
-                fds = _received_fds(anc)
                 if len(fds) not in (4, 5):
                     for fd in fds:
                         os.close(fd)
-                    if not fds and _HEADER.unpack(msg)[0] == 0:  # retired: finish the running hooks, then exit
+                    if not fds and HEADER.unpack(msg)[0] == 0:  # retired: finish the running hooks, then exit
                         draining = True
                         if spare is not None:
                             drop_spare()
@@ -196,7 +167,7 @@ def _serve(ctl, sandbox):
                 pid, paths, make_netns_for, from_spare = None, (), None, False
                 try:
                     reply.settimeout(_SPEC_TIMEOUT_SECS)
-                    spec = json.loads(_recv_exact(reply, _HEADER.unpack(msg)[0]))
+                    spec = json.loads(recv_exact(reply, HEADER.unpack(msg)[0]))
                     box = spec["sandbox"]
                     limits = tuple(box.get("cgroup_limits") or ())
                     call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
@@ -225,8 +196,7 @@ def _serve(ctl, sandbox):
                                     else:
                                         make_netns_for = plugin
                             raw = json.dumps(spec).encode()
-                            sock.sendmsg([_HEADER.pack(len(raw))],
-                                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", to_send))])
+                            send_call(sock, len(raw), to_send)
                             sock.sendall(raw)
                             if spare_shape is not None:  # its keeper reports the hook's status on this socket
                                 os.close(done_r)  # (done_w is closed with the rest of `passed`)
@@ -251,7 +221,7 @@ def _serve(ctl, sandbox):
                         pid = os.fork()
                     shape, last_limits = call_shape, limits
                 except Exception as exc:
-                    _send(reply, {"error": f"{type(exc).__name__}: {exc}"})
+                    send_line(reply, {"error": f"{type(exc).__name__}: {exc}"})
                     reply.close()
                     for fd in (*passed, done_r):
                         os.close(fd)
@@ -270,7 +240,7 @@ def _serve(ctl, sandbox):
                     waiting = child
                 sel.register(pidfd, selectors.EVENT_READ, "child")
                 sel.register(done_r, selectors.EVENT_READ, child)
-                _send(reply, {"pid": pid})
+                send_line(reply, {"pid": pid})
                 if make_netns_for is not None:  # for the plugin's next calls (this one made its own)
                     fd = sandbox.make_netns()
                     if fd is not None:
