@@ -1,20 +1,20 @@
 """The warm-start zygote: run as a *script* by the resolved python launcher (never imported by the worker).
 
 It starts once per interpreter (and per set of start-up environment variables), preloads a few stdlib modules and
-engine/process/sandbox.py (argv[2]: stdlib only, loaded with its siblings as a package of their own, `_PACKAGE`, outside
-the engine package), then waits on a SOCK_SEQPACKET control socket (engine/process/zygote_serve.py). Each request
-carries, as SCM_RIGHTS, a reply socket and the hook's stdin/stdout/stderr pipe ends; the JSON spec (script and the
-runner's SandboxSpec) follows on the reply socket. The zygote forks; the child (engine/process/zygote_child.py) takes a new session and its stdio,
-applies the sandbox with the same function as a spawned hook (sandbox.enter: PDEATHSIG, cgroup, namespaces, mounts,
-rlimits, capabilities, cwd; the hook itself ends up forked below the namespace's init), sets the cleared
-environment, sys.argv, sys.path[0] and a fresh `__main__`, and runs the script (here: `_run_main`). The zygote reports the child's pid,
-then its exit status (the hook's, mirrored), on the reply socket. Single-threaded on purpose: fork() from a threaded
-process is unsafe.
+engine/process/sandbox.py (argv[2]: stdlib only, loaded with its siblings as a package of their own, `_PACKAGE`,
+outside the engine package), then waits on a SOCK_SEQPACKET control socket (engine/process/zygote_serve.py). Each
+request carries, as SCM_RIGHTS, a reply socket and the hook's stdin/stdout/stderr pipe ends; the JSON spec (script
+and the runner's SandboxSpec) follows on the reply socket (engine/process/zygote_wire.py). The zygote forks; the
+child (engine/process/zygote_child.py) takes a new session and its stdio, applies the sandbox with the same function
+as a spawned hook (sandbox.enter: PDEATHSIG, cgroup, namespaces, mounts, rlimits, capabilities, cwd; the hook itself
+ends up forked below the namespace's init), sets the cleared environment, sys.argv, sys.path[0] and a fresh
+`__main__`, and runs the script (here: `_run_main`). The zygote reports the child's pid, then its exit status (the
+hook's, mirrored), on the reply socket. Single-threaded on purpose: fork() from a threaded process is unsafe.
 
 A spare child is forked ahead of each call, already in a cgroup of its own; once a call has shown the service's
 sandbox shape, the next spare also enters it ahead (sandbox.pre_enter: namespaces, covered home, init, the hook's
-process waiting for its call), so the call's path has no fork left. Run by engine/process/hook_spawner.py, the same loop
-execs any hook's program instead of running a python script (exec mode, cold hooks).
+process waiting for its call), so the call's path has no fork left. Run by engine/process/hook_spawner.py, the same
+loop execs any hook's program instead of running a python script (exec mode, cold hooks).
 
 No imports from the engine package (engine/process/sandbox.py and the zygote's own modules are loaded as `_PACKAGE`
 modules), compatible with any CPython >= 3.9 on Linux.

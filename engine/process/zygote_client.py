@@ -1,7 +1,7 @@
-"""The worker's side of one zygote (engine/process/warmstart_zygote.py) or of the spawner (engine/process/hook_spawner.py):
-`Zygote` starts it and hands it a call (engine/process/zygote_wire.py: the hook's pipe ends and a reply socket, then
-the JSON spec), and `WarmProcess` is the forked child as the runner drives it, like a subprocess.Popen. Which zygotes
-run, and when a call goes to one, is engine/process/warmstart.py.
+"""The worker's side of one zygote (engine/process/warmstart_zygote.py) or of the spawner
+(engine/process/hook_spawner.py): `Zygote` starts it and hands it a call (engine/process/zygote_wire.py: the hook's
+pipe ends and a reply socket, then the JSON spec), and `WarmProcess` is the forked child as the runner drives it,
+like a subprocess.Popen. Which zygotes run, and when a call goes to one, is engine/process/warmstart.py.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def _serve(ctl, sandbox):
 
     def exit_now():
         """The worker is gone (or we retired): end the calls still running, as PDEATHSIG would, and leave no cgroup
-        behind (what stays busy is removed by the next process that finds it, engine/process/sandbox.py _remove_stale)."""
+        behind (what stays busy is removed by the next process that finds it: engine/process/sandbox_cgroups.py
+        _remove_stale)."""
         if spare is not None:
             drop_spare()
         for pid, _reply, paths, _done in children.values():
