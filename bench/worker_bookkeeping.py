@@ -2,9 +2,10 @@
 and wall time of each step, over N jobs, against real Redis and a real SQLite database.
 
 Steps, in the order plugins_app/services/jobs.py takes them: XREADGROUP (one job per read, as a worker with free
-slots reads them as they come) with the signature check, close_old_connections, the reply (list + publish), and the
-outcome: JobRecord insert then XACK + XDEL, either per job on the job's thread (`inline`) or handed to the outcome
-writer (`batched`, plugins_app/services/jobs.py OutcomeWriter), whose thread's CPU is counted too.
+slots reads them as they come) with the signature check, the connection check (plugins_app/services/connections.py
+refresh_connections), the reply (list + publish), and the outcome: JobRecord insert then XACK + XDEL, either per job
+on the job's thread (`inline`) or handed to the outcome writer (`batched`, plugins_app/services/jobs.py
+OutcomeWriter), whose thread's CPU is counted too.
 
     .venv/bin/python bench/worker_bookkeeping.py [jobs]
 """
@@ -48,17 +49,16 @@ def put_jobs(n: int) -> None:
 
 
 def run(n: int, mode: str) -> dict:
-    from django.db import close_old_connections
-
     from plugins_app import bus
     from plugins_app.models import JobRecord
     from plugins_app.services import jobs
+    from plugins_app.services.connections import refresh_connections
 
     stream = bus.JobStream(consumer=f"bench-{mode}-{uuid.uuid4().hex[:6]}")
     stream.ensure_group()
     put_jobs(n)
     writer = jobs.OutcomeWriter(stream) if mode == "batched" else None
-    steps = ("read+verify", "close_old_connections", "reply", "outcome (record + ack)")
+    steps = ("read+verify", "refresh_connections", "reply", "outcome (record + ack)")
     cpu = dict.fromkeys(steps, 0.0)
     wall = dict.fromkeys(steps, 0.0)
     payload = {"ok": True, "source": "bench", "reply": {"type": "ok"}}
@@ -68,7 +68,7 @@ def run(n: int, mode: str) -> dict:
         (job,) = stream.read(count=1, block_ms=1000)
         assert job.signed
         marks.append((time.process_time(), time.perf_counter()))
-        close_old_connections()
+        refresh_connections()
         marks.append((time.process_time(), time.perf_counter()))
         stream.reply(job, payload)
         marks.append((time.process_time(), time.perf_counter()))

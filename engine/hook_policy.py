@@ -13,10 +13,10 @@ from typing import Any
 from engine import default_engine as D
 from engine import hooks as H
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
-from engine.invoke import retry_delay_ms
-from engine.plugins.catalog import Catalog
+from engine.hook_requests import normalise
+from engine.hooks import retry_delay_ms
+from engine.plugins.catalog import CallCatalog, Catalog
 from engine.ports import MemoryStore, Summarizer
-from engine.requests import normalise
 from engine.strategies import STRATEGIES
 
 
@@ -80,7 +80,8 @@ class HookPolicy:
         self.summarizer_for = summarizer_for
 
     def deadline_secs(self, hook: str) -> float:
-        return deadline_secs(hook, self.catalog, self.config.get())
+        # each plugin looked up once (chain, then its timeouts): on the web tier this runs on the event loop
+        return deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
 
     def fallback(self, hook: str, request: dict[str, Any], reason: str) -> dict[str, Any]:
         """The agent's answer when no worker gave one: the default engine's result, `source` "default" and why."""

@@ -4,7 +4,7 @@ The fields are the API's contract (checked by the HTTP API, plugins_app/api/hook
 plugins_app/api/context_engine.py, and by the MCP tools and the CLI; published in OpenAPI). Extra fields are allowed
 everywhere: agents may send more than the docs list and plugins receive it all.
 
-`for_plugin` is the engine's side (engine/requests.py `normalise`, engine/stack.py): the request as the plugin
+`for_plugin` is the engine's side (`normalise`, used by engine/stack.py): the request as the plugin
 receives it, lenient as LibreFang is (docs/compatibility.md "Hooks"): malformed parts are normalised (non-list
 messages -> [], non-object messages dropped, a bad window -> the configured one) instead of failing, and what the
 agent left out is filled in. The agent's own values are passed on untouched: never a dump of the model.
@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import hooks as H
 
-__all__ = ["HOOK_REQUEST_MODELS", "Normalising", "ValidationError", "check", "error_details", "for_plugin"]
+__all__ = ["HOOK_REQUEST_MODELS", "Normalising", "ValidationError", "check", "error_details", "for_plugin",
+           "normalise"]
 DEFAULT_AFTER_TURN_MAX_CHARS = 500
 
 
@@ -205,6 +206,12 @@ def for_plugin(hook: str, request: Any, how: Normalising = Normalising()) -> dic
     req["type"] = hook
     model = HOOK_REQUEST_MODELS.get(hook)
     return model.reshape(req, how) if model is not None else req
+
+
+def normalise(hook: str, request: dict[str, Any], *, after_turn_max_chars: int | None = None,
+              context_window_tokens: int = 200_000) -> dict[str, Any]:
+    """`for_plugin` with the [context_engine] settings as keywords. Unknown extra fields are passed through."""
+    return for_plugin(hook, request, Normalising(context_window_tokens, after_turn_max_chars))
 
 
 def check(hook: str, data: Any) -> dict[str, Any]:

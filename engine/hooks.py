@@ -46,3 +46,8 @@ def timeout_for(hook: str, settings: Any = None) -> float:
     default), doubled for bootstrap. The one place this rule is written."""
     base = settings.hook_timeout_secs if settings is not None else DEFAULT_TIMEOUT_SECS
     return base * TIMEOUT_FACTOR.get(hook, 1)
+
+
+def retry_delay_ms(base_ms: int, attempt: int, cap_ms: int = 30_000) -> float:
+    """Delay before retry number `attempt` (1-based): base, 2x base, 4x base ... capped (exponential backoff)."""
+    return min(base_ms * (2 ** (attempt - 1)), cap_ms)

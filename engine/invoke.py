@@ -17,13 +17,16 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
-from engine.hooks import timeout_for
+from engine.hooks import retry_delay_ms, timeout_for
+from engine.overrides import Overrides
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.ports import Invocation, InvocationSink, StderrSink
-from engine.process.runner import HookCall, HookResult, StderrCallback, run_hook
+from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
+from engine.process.runner import process_runtime
 from engine.protocol import Failure
 from engine.schemas import validate as validate_schema
+from engine.wasm.hooks import WASM
 
 # stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).
 STDERR_LOGGERS = {False: logging.getLogger("plugin_stderr"), True: logging.getLogger("python_stderr")}
@@ -57,14 +60,6 @@ def preview(value: Any, limit: int = PREVIEW_BYTES) -> str:
         return text
     return data[:limit].decode("utf-8", errors="ignore") + "…"
 
-
-@dataclass
-class Overrides:
-    """What a plugin's bootstrap reply changed for its later calls (per worker process, like LibreFang)."""
-
-    env: dict[str, str] = field(default_factory=dict)  # env_overrides; static [env] keys win
-    ingest_filter: str | None = None
-    allow_network: bool | None = None
 
 
 # (failure message or None, warnings for the trace): lets the caller judge a reply before it is recorded.
@@ -155,18 +150,15 @@ def venv_dir(home: Home, name: str):
     return path if (path / "bin" / "python").exists() else None
 
 
+def runtime_for(call: HookCall) -> Runtime:
+    """The runtime that runs `call`: wasm modules in the worker (engine/wasm/hooks.py); every other hook in its own
+    process (engine/process/runner.py), forked from a warm zygote when it is a python hook that can be."""
+    return WASM if call.runtime.runtime.is_wasm else process_runtime(call)
+
+
 def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
     """Run one attempt of a hook call with its runtime."""
-    # In-process runtimes (`wasm`) run inside the worker (engine/wasm.py); a build without it fails the call with
-    # a classified launcher_not_found, never a crash.
-    if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
-        try:
-            from engine.wasm import run_wasm_hook  # type: ignore[attr-defined]
-        except ImportError:
-            return HookResult(False, failure=Failure(
-                P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} is not available in this build"))
-        return run_wasm_hook(call, on_stderr, capabilities=call.wasm_capabilities)
-    return run_hook(call, on_stderr)
+    return runtime_for(call).run(call, on_stderr)
 
 
 def write_config_file(plugin: Any, home: Home):
@@ -212,11 +204,6 @@ def _state_lock(path: Path) -> threading.Lock:
 # Failures a retry cannot fix.
 PERMANENT_FAILURES = frozenset({P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND, P.LAUNCHER_NOT_FOUND, P.INVALID_INPUT,
                                 P.MANIFEST_INVALID, P.INTEGRITY_FAILED, P.HOOK_NOT_DECLARED, P.INVALID_OUTPUT})
-
-
-def retry_delay_ms(base_ms: int, attempt: int, cap_ms: int = 30_000) -> float:
-    """Delay before retry number `attempt` (1-based): base, 2x base, 4x base ... capped (exponential backoff)."""
-    return min(base_ms * (2 ** (attempt - 1)), cap_ms)
 
 
 def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocations: InvocationSink,

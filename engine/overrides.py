@@ -6,15 +6,23 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.filecache import file_stamp
 from engine.home import Home
-from engine.invoke import Overrides
 
 log = logging.getLogger("librefang.engine")
 
 OVERRIDES_FILE = "bootstrap_overrides.json"
+
+@dataclass
+class Overrides:
+    """What a plugin's bootstrap reply changed for its later calls (per worker process, like LibreFang)."""
+
+    env: dict[str, str] = field(default_factory=dict)  # env_overrides; static [env] keys win
+    ingest_filter: str | None = None
+    allow_network: bool | None = None
 
 
 class BootstrapOverrides:

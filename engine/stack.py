@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import copy
 import logging
 import re
 import time
@@ -19,9 +20,10 @@ from engine import hooks as H
 from engine import protocol as P
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
-from engine.invoke import Attempt, Judge, Overrides, invoke
-from engine.overrides import BootstrapOverrides
-from engine.plugins.catalog import Catalog
+from engine.hook_requests import normalise
+from engine.invoke import Attempt, Judge, invoke
+from engine.overrides import BootstrapOverrides, Overrides
+from engine.plugins.catalog import CallCatalog, Catalog
 from engine.ports import (
     TEST_CONSOLE,
     InvocationSink,
@@ -33,9 +35,8 @@ from engine.ports import (
     StderrSink,
     Summarizer,
 )
-from engine.process.runner import HookResult
+from engine.process.hook_call import HookResult
 from engine.replies import apply_after_turn_reply, memories_from
-from engine.requests import normalise
 from engine.resilience import CircuitBreakers, TtlCache
 from engine.strategies import (
     AFTER_TURN_REPLY,
@@ -75,6 +76,7 @@ class EngineReply:
         return out
 
 
+
 @dataclass
 class EngineDeps:
     home: Home
@@ -104,11 +106,17 @@ class ContextEngine:
 
     def deadline_secs(self, hook: str) -> float:
         """How long an agent may wait for `hook` (engine/hook_policy.py, the same rule the web tier uses)."""
-        return policy.deadline_secs(hook, self.catalog, self.config.get())
+        return policy.deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
             raise ValueError(f"unknown hook {hook!r}; hooks are: {', '.join(H.ALL_HOOKS)}")
+        # One call sees each plugin as it is when the call first looks it up (chain, filters, run, policy).
+        call = copy.copy(self)
+        call.catalog = CallCatalog(self.catalog)
+        return call._handle(hook, request, job_id)
+
+    def _handle(self, hook: str, request: dict[str, Any], job_id: str | None) -> EngineReply:
         cfg = self.config.get()
         ce = cfg.context_engine
         req = normalise(hook, request, after_turn_max_chars=ce.after_turn_max_chars,

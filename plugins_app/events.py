@@ -147,19 +147,24 @@ def publisher() -> StderrPublisher:
     return _publisher
 
 
-def metrics_changed(changes: list[dict]) -> None:
-    """Tell dashboards which plugin/hook metrics moved (they re-render from the database)."""
+def metrics_changed(changes: list[dict], loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Tell dashboards which plugin/hook metrics moved (they re-render from the database). `loop`: an event loop the
+    calling thread keeps for its sends (the worker's invocation writer, plugins_app/services/recording.py); without
+    one, async_to_sync makes a thread, an event loop and a Redis connection for each event (≈3 ms of CPU)."""
     if changes:
-        _send_sync(METRICS_GROUP, {"type": "metrics.changed", "changes": changes})
+        _send_sync(METRICS_GROUP, {"type": "metrics.changed", "changes": changes}, loop)
 
 
 def plugin_changed(name: str, what: str) -> None:
     _send_sync(PLUGINS_GROUP, {"type": "plugin.changed", "plugin": name, "what": what})
 
 
-def _send_sync(group: str, message: dict) -> None:
+def _send_sync(group: str, message: dict, loop: asyncio.AbstractEventLoop | None = None) -> None:
     try:
-        async_to_sync(get_channel_layer().group_send)(group, message)
+        if loop is None:
+            async_to_sync(get_channel_layer().group_send)(group, message)
+        else:
+            loop.run_until_complete(get_channel_layer().group_send(group, message))
     except bus.REDIS_DOWN as exc:  # Redis outage: dashboards re-read the database when they reconnect
         log.warning("could not publish %s event: Redis unreachable (%s)", message.get("type"), exc)
     except Exception:

@@ -10,5 +10,6 @@ a plugin comes from, per-plugin virtualenvs, lint, doctor and the scaffold. Noth
     bundles.py             content-addressed plugin bundles shared between hosts
     requirements.py        a plugin's own virtualenv
     lint.py, doctor.py     findings about a plugin; runtimes probed
-    scaffold.py            new plugins (scaffold_templates.py: text runtimes, scaffold_wasm.py: wasm)
+    scaffold.py            new plugins (scaffold_templates.py: text runtimes, their templates in scaffold_scripted.py
+                           and scaffold_systems.py; scaffold_wasm.py: wasm)
 """

@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine import findings as F
 from engine.findings import Finding
@@ -228,3 +229,34 @@ class PinnedCatalog:
 
     def forget(self, name: str) -> None:
         self._base.forget(name)
+
+
+class CallCatalog:
+    """The catalog as one call sees it: each plugin looked up once. Catalog.get stats the plugin's directory and
+    checks its hook paths and integrity on every lookup; a call needs that once, not once per step (chain, filters,
+    run, failure policy; chain and timeouts for a deadline)."""
+
+    def __init__(self, catalog: Any):
+        self._catalog = catalog
+        self.home = catalog.home
+        self._entries: dict[str, Any] = {}
+
+    def _entry(self, name: str) -> Any:
+        if name not in self._entries:
+            try:
+                self._entries[name] = self._catalog.get(name)
+            except KeyError:  # not installed
+                self._entries[name] = None
+        return self._entries[name]
+
+    def exists(self, name: str) -> bool:
+        return self._entry(name) is not None
+
+    def get(self, name: str) -> Any:
+        entry = self._entry(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry
+
+    def __getattr__(self, attr: str) -> Any:  # names(), validate(), ...: the catalog's own
+        return getattr(self._catalog, attr)

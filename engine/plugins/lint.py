@@ -14,6 +14,7 @@ from engine.plugins.loader import load_plugin
 from engine.plugins.manifest import ManifestError
 from engine.process.runner import resolve_script
 from engine.process.runtimes import RUNTIMES, find_launcher
+from engine.wasm import WasmPolicy, check_plugin
 
 DISABLED_MARKER = ".disabled"
 _EXT_RUNTIME = {r.extension: r.tag for r in RUNTIMES.values() if r.extension and r.tag not in ("bun",)}
@@ -99,9 +100,7 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None, wasm_policy
         if m.integrity and script not in m.integrity:
             add(F.warning("integrity.hook_unsigned", f"{hook}: {script} has no [integrity] entry",
                           "Add its sha256 to [integrity] so tampering is detected."))
-    if resolved.runtime.in_process and not resolved.custom_launcher:  # wasm: ABI, imports, memory (engine/wasm/)
-        from engine.wasm import WasmPolicy, check_plugin
-
+    if resolved.runtime.is_wasm:  # ABI, imports, memory (engine/wasm/)
         for f in check_plugin(plugin_dir, declared, wasm_policy or WasmPolicy(), m.wasm_capabilities):
             if f.id not in ("wasm.module_missing", "wasm.module_path"):  # reported above
                 add(f)
@@ -117,7 +116,7 @@ def lint_plugin(plugin_dir: Path, installed: set[str] | None = None, wasm_policy
         # an error: every hook call would fail with launcher_not_found, so the plugin is enabled but cannot run
         add(F.error("runtime.unavailable", f"launcher {resolved.runtime.launcher!r} is not installed: no hook can "
                     f"run", resolved.runtime.install_hint))
-    if not (resolved.runtime.in_process and not resolved.custom_launcher):
+    if not resolved.runtime.is_wasm:  # a wasm hook runs in the worker, not in the process sandbox
         add_sandbox_findings(add)
     for dep in m.plugin_depends:
         if installed is not None and dep not in installed:

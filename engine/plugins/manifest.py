@@ -150,18 +150,19 @@ class Manifest(BaseModel):
 
     def display_name(self, lang: str | None = None) -> str:
         """[i18n] name for an Accept-Language value: exact tag, then its base tag (zh-TW -> zh), then English."""
-        for key in _lang_candidates(lang):
-            entry = self.i18n.get(key)
-            if entry and entry.name:
-                return entry.name
-        return self.name
+        return self._localized(lang, "name") or self.name
 
     def display_description(self, lang: str | None = None) -> str:
+        """[i18n] description, looked up as display_name."""
+        return self._localized(lang, "description") or self.description
+
+    def _localized(self, lang: str | None, field: str) -> str:
+        """The first [i18n] entry of the candidate languages that sets `field`; "" when none does."""
         for key in _lang_candidates(lang):
             entry = self.i18n.get(key)
-            if entry and entry.description:
-                return entry.description
-        return self.description
+            if entry and getattr(entry, field):
+                return getattr(entry, field)
+        return ""
 
 
 def _lang_candidates(lang: str | None) -> list[str]:

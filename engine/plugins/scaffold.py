@@ -2,7 +2,8 @@
 request from stdin, prints one JSON reply line) and runs as written.
 
 Differences from LibreFang's scaffold: `runtime` goes INSIDE `[hooks]` (LibreFang puts it at the top
-level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine/plugins/scaffold_wasm.py. The templates are in engine/plugins/scaffold_templates.py.
+level, where its own parser ignores it), the description is TOML-escaped, and wasm is delegated to engine/plugins/scaffold_wasm.py. The templates are in engine/plugins/scaffold_templates.py
+(by runtime family: scaffold_scripted.py, scaffold_systems.py).
 """
 
 from __future__ import annotations

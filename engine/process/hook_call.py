@@ -1,11 +1,14 @@
-"""One hook call as the runner takes it (`HookCall`) and what came of it (`HookResult`)."""
+"""One hook call as a runtime takes it (`HookCall`), what came of it (`HookResult`), and the `Runtime` protocol that
+runs it. The three runtimes: engine/process/runner.py `SUBPROCESS` (a fresh process, exec'd by the spawner) and
+`WARM_START` (python hooks forked from their zygote), engine/wasm/hooks.py `WASM` (in the worker); engine/invoke.py
+`runtime_for` picks one per call."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.process.runtimes import ResolvedRuntime
 from engine.protocol import Failure
@@ -58,3 +61,11 @@ class HookResult:
             "stderr": self.stderr,
             "elapsed_ms": round(self.elapsed_ms, 3),
         }
+
+
+class Runtime(Protocol):
+    """Runs one hook call; never raises for anything the hook does, every failure is classified."""
+
+    name: str  # "subprocess", "warm start" or "wasm"
+
+    def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult: ...

@@ -1,4 +1,6 @@
-"""Run one hook script as a fresh, sandboxed subprocess speaking the JSON stdin/stdout protocol.
+"""Run one hook script as a fresh, sandboxed subprocess speaking the JSON stdin/stdout protocol: the two process
+runtimes of the `Runtime` protocol (engine/process/hook_call.py), `SUBPROCESS` and `WARM_START`, which share all but
+how the process starts.
 
 One session per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
 stderr streamed line by line to a callback as it arrives.
@@ -13,11 +15,11 @@ per-call cgroup with memory and process-count limits (defaults below). PR_SET_PD
 the thread that spawned it (the engine spawns from long-lived pool threads). Where namespaces are refused, every
 call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
 
-Neither path forks the worker: python hooks fork from their zygote, every other hook is exec'd by the spawner
-(engine/process/hook_spawner.py, the zygote's loop in exec mode), and both keep a spare child that has already joined the
-call's cgroup (joining one is slow on cgroup v1, see bench/README.md). Only when neither is available (or with
-LIBREFANG_SPAWNER=0) does the worker spawn the hook itself, with `enter` as a preexec function: a full fork() of the
-worker instead of CPython's vfork.
+Neither runtime forks the worker: WARM_START forks python hooks from their zygote, SUBPROCESS has every other hook
+exec'd by the spawner (engine/process/hook_spawner.py, the zygote's loop in exec mode), and both helpers keep a spare
+child that has already joined the call's cgroup (joining one is slow on cgroup v1, see bench/README.md). Only when
+neither is available (or with LIBREFANG_SPAWNER=0) does the worker spawn the hook itself, with `enter` as a preexec
+function: a full fork() of the worker instead of CPython's vfork.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from engine import protocol as P
 from engine.filecache import confine
@@ -202,89 +203,121 @@ def _cap_utf8(text: str, cap: int) -> str:
     return data[:cap].decode("utf-8", errors="ignore")
 
 
-def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
-    """Run the hook once. Never raises for anything the hook does; every failure is classified."""
-    started = time.monotonic()
+class SubprocessRuntime:
+    """A hook as a fresh process: exec'd by the spawner (a warm helper, so the worker never forks itself) or, when
+    there is none, spawned by the worker with `enter` as its preexec function. Everything before and after the start
+    is the same for every process runtime (`run`); subclasses only change `start`."""
 
-    def fail(kind: str, message: str, **kw: Any) -> HookResult:
-        return HookResult(False, failure=Failure(kind, message, kw.pop("exit_code", None), kw.pop("signal", None)),
-                          elapsed_ms=(time.monotonic() - started) * 1000, **kw)
+    name = "subprocess"
 
-    script = locate_script(call)
-    if isinstance(script, Failure):
-        return fail(script.kind, script.message)
-    if call.runtime.runtime.in_process and not call.runtime.custom_launcher:
-        return fail(P.LAUNCHER_NOT_FOUND, f"runtime {call.runtime.label!r} runs in-process, not as a subprocess")
-    try:
-        argv = hook_argv(call, script)
-    except LauncherNotFound as exc:
-        return fail(P.LAUNCHER_NOT_FOUND, str(exc))
-    if call.data_dir is not None:
+    def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
+        """Run the hook once. Never raises for anything the hook does; every failure is classified."""
+        started = time.monotonic()
+
+        def fail(kind: str, message: str) -> HookResult:
+            return HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000)
+
+        script = locate_script(call)
+        if isinstance(script, Failure):
+            return fail(script.kind, script.message)
         try:
-            call.data_dir.mkdir(parents=True, exist_ok=True)
-            if not call.allow_filesystem:
-                (call.data_dir / "tmp").mkdir(exist_ok=True)
-        except OSError as exc:
-            return fail(P.SPAWN_FAILED, f"cannot create the plugin's data directory {call.data_dir}: {exc}")
-    try:
-        payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
-    spec = sandbox_spec(call, build_env(call))
-    result, oom_killed = _spawn_and_talk(call, argv, spec, payload, started, on_stderr)
-    if oom_killed and result.failure is not None:
-        result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
-                                  f"the hook's cgroup); {result.failure.message}")
-    _label_limits(result, call)
-    reasons = sandbox.degraded_reasons()
-    if reasons:
-        result.warnings.append("sandbox.degraded: " + "; ".join(reasons))
-    return result
+            argv = hook_argv(call, script)
+        except LauncherNotFound as exc:
+            return fail(P.LAUNCHER_NOT_FOUND, str(exc))
+        if call.data_dir is not None:
+            try:
+                call.data_dir.mkdir(parents=True, exist_ok=True)
+                if not call.allow_filesystem:
+                    (call.data_dir / "tmp").mkdir(exist_ok=True)
+            except OSError as exc:
+                return fail(P.SPAWN_FAILED, f"cannot create the plugin's data directory {call.data_dir}: {exc}")
+        try:
+            payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
+        spec = sandbox_spec(call, build_env(call))
+        result, oom_killed = self.start(call, argv, spec, payload, started, on_stderr)
+        if oom_killed and result.failure is not None:
+            result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
+                                      f"the hook's cgroup); {result.failure.message}")
+        _label_limits(result, call)
+        reasons = sandbox.degraded_reasons()
+        if reasons:
+            result.warnings.append("sandbox.degraded: " + "; ".join(reasons))
+        return result
+
+    def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
+              on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
+        """The hook's result, and whether its cgroup's memory limit killed something."""
+        def fail(kind: str, message: str) -> tuple[HookResult, bool]:
+            return (HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000),
+                    False)
+
+        problem = _check_executable(argv[0])
+        if problem is not None:
+            return fail(*problem)
+        program = _resolve_program(argv[0], spec)
+        if program is not None:
+            try:
+                proc = warmstart.spawn_exec([program, *argv[1:]], spec)
+            except OSError as exc:
+                return fail(*_exec_failure(argv[0], exc))
+            if proc is not None:
+                return communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
+        cgroup_dirs = sandbox.cgroups.create(*spec.cgroup_limits) if spec.cgroup_limits else ()
+        try:
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=spec.cwd,
+                    env=spec.env,
+                    start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
+                    close_fds=True,
+                    preexec_fn=_EnterSandbox(dataclasses.replace(spec, cgroups=cgroup_dirs)),
+                )
+            except subprocess.SubprocessError as exc:
+                return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
+            except OSError as exc:
+                return fail(*_exec_failure(argv[0], exc))
+            result = communicate(popen, payload, call.timeout_secs, started, on_stderr)
+            return result, bool(cgroup_dirs) and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs)
+        finally:
+            sandbox.cgroups.release(cgroup_dirs)
 
 
-def _spawn_and_talk(call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
-                    on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
-    """The hook's result, and whether its cgroup's memory limit killed something."""
-    def fail(kind: str, message: str) -> tuple[HookResult, bool]:
-        return HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000), False
+class WarmStartRuntime(SubprocessRuntime):
+    """A python hook forked from the zygote of its interpreter and start-up environment (engine/process/warmstart.py),
+    its imports already done; a cold subprocess when that zygote cannot be had right now."""
 
-    if warmstart.applies(call, argv):
+    name = "warm start"
+
+    def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
+              on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
         warm = warmstart.spawn(argv, spec)
-        if warm is not None:  # None: no zygote for this interpreter right now; spawn normally below
-            return communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
-    problem = _check_executable(argv[0])
-    if problem is not None:
-        return fail(*problem)
-    program = _resolve_program(argv[0], spec)
-    if program is not None:
-        try:
-            proc = warmstart.spawn_exec([program, *argv[1:]], spec)
-        except OSError as exc:
-            return fail(*_exec_failure(argv[0], exc))
-        if proc is not None:
-            return communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
-    cgroup_dirs = sandbox.cgroups.create(*spec.cgroup_limits) if spec.cgroup_limits else ()
+        if warm is None:
+            return super().start(call, argv, spec, payload, started, on_stderr)
+        return communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
+
+
+SUBPROCESS = SubprocessRuntime()
+WARM_START = WarmStartRuntime()
+
+
+def process_runtime(call: HookCall) -> SubprocessRuntime:
+    """WARM_START for a python hook its zygote can fork (warmstart.applies), else SUBPROCESS."""
     try:
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=spec.cwd,
-                env=spec.env,
-                start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
-                close_fds=True,
-                preexec_fn=_EnterSandbox(dataclasses.replace(spec, cgroups=cgroup_dirs)),
-            )
-        except subprocess.SubprocessError as exc:
-            return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")
-        except OSError as exc:
-            return fail(*_exec_failure(argv[0], exc))
-        result = communicate(popen, payload, call.timeout_secs, started, on_stderr)
-        return result, bool(cgroup_dirs) and result.failure is not None and sandbox.cgroups.oom_killed(cgroup_dirs)
-    finally:
-        sandbox.cgroups.release(cgroup_dirs)
+        argv = hook_argv(call, call.plugin_dir / call.script)
+    except LauncherNotFound:
+        return SUBPROCESS  # which reports it
+    return WARM_START if warmstart.applies(call, argv) else SUBPROCESS
+
+
+def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
+    """Run the hook once in its own process (warm started when it can be)."""
+    return process_runtime(call).run(call, on_stderr)
 
 
 def _resolve_program(program: str, spec: sandbox.SandboxSpec) -> str | None:

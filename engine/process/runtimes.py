@@ -1,4 +1,6 @@
-"""One entry per hook runtime: how to launch a script and which environment variables pass through.
+"""One entry per runtime tag of a manifest (`runtime = "node"`): how to launch a script and which environment
+variables pass through. How a call then runs (a subprocess, forked warm from a zygote, or wasm in the worker) is the
+`Runtime` protocol of engine/process/hook_call.py.
 
 Launchers are resolved to absolute paths once per process (never through shell shims on each call).
 """
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class Runtime:
+class RuntimeSpec:
+    """What a runtime tag means: its launcher and what the hook's environment keeps."""
+
     tag: str
     launcher: str | None  # the binary looked up on PATH; None: the script is executed itself (or wasm)
     args_before_script: tuple[str, ...] = ()
@@ -23,62 +27,68 @@ class Runtime:
     install_hint: str = ""
     aliases: tuple[str, ...] = ()
     needs_exec_bit: bool = False
-    in_process: bool = False  # wasm: runs inside the worker, no subprocess
     alternatives: tuple[str, ...] = field(default=())
 
+    @property
+    def is_wasm(self) -> bool:
+        """WebAssembly modules run inside the worker (engine/wasm/), never as a command."""
+        return self.tag == WASM
 
-RUNTIMES: dict[str, Runtime] = {
+
+WASM = "wasm"
+
+RUNTIMES: dict[str, RuntimeSpec] = {
     r.tag: r
     for r in (
-        Runtime(
+        RuntimeSpec(
             "python", "python3", passthrough=("PYTHONPATH", "VIRTUAL_ENV", "PYTHONIOENCODING"), extension="py",
             aliases=("", "python3", "py"), alternatives=("python", "py"),
             install_hint="Install Python 3 from python.org or your OS package manager (apt install python3).",
         ),
-        Runtime(
+        RuntimeSpec(
             "native", None, extension="", aliases=("binary", "exec"), needs_exec_bit=True,
             install_hint="No launcher: make sure the hook file is executable (chmod +x) and has a valid shebang or is a binary.",
         ),
-        Runtime(
+        RuntimeSpec(
             "v", "v", args_before_script=("-no-retry-compilation", "run"), passthrough=("VMODULES",), extension="v",
             aliases=("vlang",), install_hint="Install V from vlang.io and put `v` on PATH.",
         ),
-        Runtime(
+        RuntimeSpec(
             "node", "node", passthrough=("NODE_PATH",), extension="js", aliases=("nodejs", "js"),
             install_hint="Install Node.js from nodejs.org or your OS package manager (apt install nodejs).",
         ),
-        Runtime(
+        RuntimeSpec(
             "deno", "deno", args_before_script=("run", "--allow-read", "--allow-env"), passthrough=("DENO_DIR",),
             extension="ts", aliases=("ts", "typescript"), install_hint="Install Deno from deno.com and put `deno` on PATH.",
         ),
-        Runtime(
+        RuntimeSpec(
             "go", "go", args_before_script=("run",), passthrough=("GOPATH", "GOMODCACHE", "GOCACHE"), extension="go",
             aliases=("golang",), version_args=("version",),
             install_hint="Install Go from go.dev/dl or your OS package manager (apt install golang-go).",
         ),
-        Runtime(
+        RuntimeSpec(
             "ruby", "ruby", passthrough=("RUBYLIB", "RUBYOPT", "GEM_HOME", "GEM_PATH"), extension="rb", aliases=("rb",),
             install_hint="Install Ruby from ruby-lang.org or your OS package manager (apt install ruby).",
         ),
-        Runtime(
+        RuntimeSpec(
             "bash", "bash", extension="sh", aliases=("sh", "shell"),
             install_hint="Install bash with your OS package manager; it is preinstalled on most Unix systems.",
         ),
-        Runtime(
+        RuntimeSpec(
             "bun", "bun", args_before_script=("run",), passthrough=("BUN_INSTALL",), extension="ts",
             install_hint="Install Bun from bun.sh and put `bun` on PATH.",
         ),
-        Runtime(
+        RuntimeSpec(
             "php", "php", passthrough=("PHP_INI_SCAN_DIR",), extension="php",
             install_hint="Install PHP from php.net or your OS package manager (apt install php-cli).",
         ),
-        Runtime(
+        RuntimeSpec(
             "lua", "lua", passthrough=("LUA_PATH", "LUA_CPATH"), extension="lua", version_args=("-v",),
             alternatives=("lua5.4", "lua5.3"),
             install_hint="Install Lua from lua.org or your OS package manager (apt install lua5.4).",
         ),
-        Runtime(
-            "wasm", None, extension="wasm", aliases=("webassembly",), in_process=True,
+        RuntimeSpec(
+            WASM, None, extension="wasm", aliases=("webassembly",),
             install_hint="Built in (wasmtime); nothing to install.",
         ),
     )
@@ -93,7 +103,7 @@ WINDOWS_PASSTHROUGH = ("USERPROFILE", "SYSTEMROOT", "APPDATA", "LOCALAPPDATA", "
 class ResolvedRuntime:
     """What a manifest's `runtime` tag means: a known runtime, or a custom launcher path."""
 
-    runtime: Runtime
+    runtime: RuntimeSpec
     custom_launcher: str | None = None
     warning: str | None = None
 
@@ -107,7 +117,7 @@ def resolve_tag(tag: str | None) -> ResolvedRuntime:
     manifest turns that warning into an error (engine/plugins/manifest.py), so such a plugin never serves."""
     raw = (tag or "").strip()
     if "/" in raw or "\\" in raw:
-        return ResolvedRuntime(Runtime("custom", None, install_hint="Check the launcher path and its exec bit."), raw)
+        return ResolvedRuntime(RuntimeSpec("custom", None, install_hint="Check the launcher path and its exec bit."), raw)
     key = raw.lower()
     if key in _ALIASES:
         return ResolvedRuntime(RUNTIMES[_ALIASES[key]])
@@ -144,7 +154,7 @@ def _is_shim(path: str) -> bool:
     return head == b"#!" and ("shims" in path or "/.asdf/" in path)
 
 
-def _resolve_through_shim(shim: str, runtime: Runtime) -> str | None:
+def _resolve_through_shim(shim: str, runtime: RuntimeSpec) -> str | None:
     if runtime.tag != "python":
         return None
     try:
@@ -162,6 +172,9 @@ def build_command(resolved: ResolvedRuntime, script: str) -> list[str]:
     if resolved.custom_launcher:
         return [resolved.custom_launcher, script]
     runtime = resolved.runtime
+    if runtime.is_wasm:
+        raise LauncherNotFound(WASM, runtime.install_hint,
+                               f"runtime {resolved.label!r} runs in-process, not as a subprocess")
     if runtime.launcher is None:
         return [script]
     launcher = find_launcher(runtime.tag)
@@ -171,7 +184,7 @@ def build_command(resolved: ResolvedRuntime, script: str) -> list[str]:
 
 
 class LauncherNotFound(Exception):
-    def __init__(self, launcher: str, hint: str):
-        super().__init__(f"launcher {launcher!r} not found on PATH. {hint}")
+    def __init__(self, launcher: str, hint: str, message: str | None = None):
+        super().__init__(message or f"launcher {launcher!r} not found on PATH. {hint}")
         self.launcher = launcher
         self.hint = hint

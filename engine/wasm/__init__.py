@@ -10,7 +10,7 @@ failure, never an exception out of this package.
     compile_cache.py  the wasmtime engine, epoch ticker, compiled modules in memory and on disk
     host.py           which host calls a module may import, their implementations, the linkers
     execution.py      one call of a module; describe (az_tool_name/az_tool_schema); static_check
-    hooks.py          `runtime = "wasm"` hooks and lint's checks of a wasm plugin
+    hooks.py          `runtime = "wasm"` hooks (the WASM runtime) and lint's checks of a wasm plugin
     wat.py            the scaffold's WAT hook module
     tools/            AgentZero-style WASM tool plugins (manifest.json, install, discovery, run)
 
@@ -32,12 +32,12 @@ from engine.wasm.abi import (
 )
 from engine.wasm.compile_cache import cache_paths, clear_memory_cache, get_engine, load_module
 from engine.wasm.execution import Execution, decode_output, describe, execute, static_check
-from engine.wasm.hooks import check_plugin, run_wasm_hook
+from engine.wasm.hooks import WASM, WasmRuntime, check_plugin, run_wasm_hook
 from engine.wasm.policy import WasmPolicy, policy_cache, policy_error, policy_for, policy_from_toml
 from engine.wasm.wat import SCAFFOLD_REPLIES, hook_wat
 
 __all__ = [
-    "ABI_ERROR", "FUEL_EXHAUSTED", "HASH_MISMATCH", "IMPORT_DENIED", "MEMORY_LIMIT", "MODULE_INVALID",
+    "ABI_ERROR", "FUEL_EXHAUSTED", "WASM", "WasmRuntime", "HASH_MISMATCH", "IMPORT_DENIED", "MEMORY_LIMIT", "MODULE_INVALID",
     "MODULE_TOO_LARGE", "SCAFFOLD_REPLIES", "TRAP", "Execution", "WasmError", "WasmPolicy", "cache_paths",
     "check_plugin", "clear_memory_cache", "decode_output", "describe", "execute", "get_engine", "hook_wat",
     "load_module", "pack", "policy_cache", "policy_error", "policy_for", "policy_from_toml", "run_wasm_hook", "static_check",

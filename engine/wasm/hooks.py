@@ -6,34 +6,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from engine import findings as F
 from engine import protocol as P
 from engine.home import Home
 from engine.plugins.loader import read_manifest
+from engine.process.hook_call import HookCall, HookResult, StderrCallback
+from engine.process.runner import build_env, locate_script, resolve_script
 from engine.protocol import Failure
-from engine.wasm.abi import (
-    ABI_ERROR,
-    IMPORT_DENIED,
-    MEMORY_LIMIT,
-    MODULE_INVALID,
-    MODULE_TOO_LARGE,
-    TRAP,
-    WasmError,
-    first_line,
-)
+from engine.wasm import abi
 from engine.wasm.execution import decode_output, execute, static_check
 from engine.wasm.policy import WasmPolicy, narrowed, policy_for
 
 
-def config_path_of(call: Any) -> Path:
+def config_path_of(call: HookCall) -> Path:
     """The service's config.toml for a hook call: at the root of the call's $LIBREFANG_HOME."""
     return (Home(Path(call.home_dir)) if call.home_dir is not None else Home.from_env()).config_path
 
 
-def capabilities_of(call: Any) -> tuple[str, ...]:
+def capabilities_of(call: HookCall) -> tuple[str, ...]:
     """The plugin's `[wasm] capabilities`, from its manifest (parsed once per change, engine/plugins/loader.py)."""
     manifest = read_manifest(Path(call.plugin_dir))
     return manifest.wasm_capabilities if manifest is not None else ()
@@ -42,14 +34,24 @@ def capabilities_of(call: Any) -> tuple[str, ...]:
 _made_dirs: set[str] = set()
 
 
-def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
-                  policy: WasmPolicy | None = None, capabilities: tuple[str, ...] | None = None) -> Any:
-    """Run one `runtime = "wasm"` hook (a HookCall of engine/process/runner.py); its HookResult, never raises.
+class WasmRuntime:
+    """The `Runtime` (engine/process/hook_call.py) of `runtime = "wasm"` hooks: in the worker, under wasmtime."""
+
+    name = "wasm"
+
+    def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
+        return run_wasm_hook(call, on_stderr)
+
+
+WASM = WasmRuntime()
+
+
+def run_wasm_hook(call: HookCall, on_stderr: StderrCallback | None = None,
+                  policy: WasmPolicy | None = None, capabilities: tuple[str, ...] | None = None) -> HookResult:
+    """Run one `runtime = "wasm"` hook; its HookResult, never raises.
 
     `policy` defaults to the one in the call's config.toml, `capabilities` to the call's `wasm_capabilities` (set by
     engine/invoke.py), else to the plugin manifest's."""
-    from engine.process.runner import HookResult, build_env, locate_script
-
     started = time.monotonic()
     logs: list[str] = []
 
@@ -84,10 +86,10 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
                       read_root=Path(call.data_dir) if call.data_dir is not None else None,
                       memory_limit_mb=call.max_memory_mb, on_log=log, wasi_dir=call.data_dir)
         text = decode_output(run.output)
-    except WasmError as exc:
+    except abi.WasmError as exc:
         return fail(exc.kind, exc.message)
     except Exception as exc:  # anything unexpected from wasmtime is still a classified failure, not a crash
-        return fail(TRAP, f"wasm runtime error: {type(exc).__name__}: {first_line(exc)}")
+        return fail(abi.TRAP, f"wasm runtime error: {type(exc).__name__}: {abi.first_line(exc)}")
     elapsed = (time.monotonic() - started) * 1000
     stderr = "\n".join(logs)
     try:
@@ -98,11 +100,8 @@ def run_wasm_hook(call: Any, on_stderr: Callable[[str], None] | None = None,
     return HookResult(True, reply=reply, stderr=stderr, stdout=text, elapsed_ms=elapsed, returncode=0)
 
 
-
-
-
-_KIND_FINDING = {MODULE_INVALID: "wasm.module_invalid", IMPORT_DENIED: "wasm.import_denied",
-                 MODULE_TOO_LARGE: "wasm.module_too_large", P.SCRIPT_NOT_FOUND: "wasm.module_missing",
+_KIND_FINDING = {abi.MODULE_INVALID: "wasm.module_invalid", abi.IMPORT_DENIED: "wasm.import_denied",
+                 abi.MODULE_TOO_LARGE: "wasm.module_too_large", P.SCRIPT_NOT_FOUND: "wasm.module_missing",
                  P.PATH_TRAVERSAL: "wasm.module_path", P.IO_ERROR: "wasm.module_unreadable"}
 _KIND_HINT = {
     "wasm.import_denied": "Declare the host call in [wasm] capabilities (\"host:<name>\") and allow it in "
@@ -114,12 +113,9 @@ _KIND_HINT = {
 
 
 def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy,
-                 capabilities: tuple[str, ...] = ()) -> list[Any]:
+                 capabilities: tuple[str, ...] = ()) -> list[F.Finding]:
     """Findings for a `runtime = "wasm"` plugin's modules (hook -> path): load, ABI exports, imports vs. its
     `[wasm] capabilities` and the service policy, initial memory vs. the limit. Compiles; runs no module code."""
-    from engine import findings as F
-    from engine.process.runner import resolve_script
-
     out = []
     for hook, script in hooks.items():
         try:
@@ -128,8 +124,8 @@ def check_plugin(plugin_dir: Path, hooks: dict[str, str], policy: WasmPolicy,
             out.append(F.error("wasm.module_path", f"{hook}: {exc}", "Keep modules inside the plugin directory."))
         except FileNotFoundError as exc:
             out.append(F.error("wasm.module_missing", f"{hook}: {exc}", "Build the module or fix the path."))
-        except WasmError as exc:
-            fid = {ABI_ERROR: "wasm.abi", MEMORY_LIMIT: "wasm.memory"}.get(exc.kind) or _KIND_FINDING.get(
+        except abi.WasmError as exc:
+            fid = {abi.ABI_ERROR: "wasm.abi", abi.MEMORY_LIMIT: "wasm.memory"}.get(exc.kind) or _KIND_FINDING.get(
                 exc.kind, "wasm.invalid")
             out.append(F.error(fid, f"{hook}: {exc.message}", _KIND_HINT.get(fid, "")))
     return out

@@ -8,9 +8,10 @@ them; a worker XACKs a job only after its outcome is stored. Read it in this ord
 - signing.py   the shared key and the HMAC every job and control entry carries
 - job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
 - hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain
-- submit.py    web side: enqueue, submit_and_wait, submit_and_wait_sync
+- submit.py    web side: enqueue, submit_and_wait, submit_and_wait_sync (`agent=`: the caller routes by agent)
 - status.py    ping, live workers, queue depth (health, dashboard, CLI)
-- affinity.py  agent affinity (docs/scale-out.md): host ids, rendezvous choice, moving a dead host's jobs
+- affinity.py  agent affinity (docs/scale-out.md): host ids, rendezvous choice, moving a dead host's jobs; which
+               jobs ask for it is the caller's decision (plugins_app/services/affinity.py)
 - stream.py    worker side: JobStream (read, reclaim, reply, ack, deferred outcomes, heartbeat)
 - control.py   the control stream: prewarm requests to every worker and their answers
 

@@ -1,23 +1,21 @@
-"""Agent affinity (docs/scale-out.md): a job for an agent whose plugin asks for `affinity = "agent"` goes to the
-stream of one worker host, chosen by rendezvous hashing of the agent id over the hosts that heartbeat; the workers of
-that host read it besides the shared stream, and a live worker moves the jobs of a host that stopped heartbeating to
-the agent's new host."""
+"""Agent affinity (docs/scale-out.md), the Redis side: a job its caller routes by agent id (`agent=` of enqueue and
+submit_and_wait; plugins_app/services/affinity.py decides from the plugins' `affinity = "agent"`) goes to the stream
+of one worker host, chosen by rendezvous hashing of the agent id over the hosts that heartbeat; the workers of that
+host read it besides the shared stream, and a live worker moves the jobs of a host that stopped heartbeating to the
+agent's new host. Nothing here knows about plugins."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import socket
 import time
-from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 from plugins_app.bus.clients import REDIS_DOWN
-from plugins_app.bus.job import PINNED_KINDS
 from plugins_app.bus.keys import (
     GROUP,
     heartbeat_key,
@@ -27,8 +25,6 @@ from plugins_app.bus.keys import (
     stream_key,
 )
 from plugins_app.bus.signing import sign, signature_ok
-
-log = logging.getLogger("librefang.bus")
 
 HOSTS_TTL_SECS = 1.0
 # Long enough for one worker to move a dead host's jobs; released as soon as it is done.
@@ -79,26 +75,10 @@ class LiveHosts:
         return self._hosts
 
 
-def agent_to_route(kind: str, plugin: str, request: Any) -> str | None:
-    """The agent id when this job should go to its agent's host: a plugin it may run asks for agent affinity."""
-    agent = request.get("agent_id") if isinstance(request, dict) else None
-    if kind not in PINNED_KINDS or not agent:
-        return None
-    from plugins_app.services.affinity import wants_agent_affinity
-
-    try:
-        wanted = wants_agent_affinity(kind, plugin)
-    except Exception:  # a configuration that does not load: the job still goes out, as without affinity
-        log.warning("agent affinity unknown for %s %s; shared stream", kind, plugin or "(chain)", exc_info=True)
-        wanted = False
-    return str(agent) if wanted else None
-
-
-async def route(kind: str, plugin: str, request: Any, hosts: LiveHosts, r: aredis.Redis) -> str:
-    """The stream a job goes to: its agent's host stream when agent_to_route says so and a worker host is alive;
-    the shared stream otherwise."""
-    agent = agent_to_route(kind, plugin, request)
-    if agent is None:
+async def route(agent: str | None, hosts: LiveHosts, r: aredis.Redis) -> str:
+    """The stream a job goes to: the stream of `agent`'s host when the caller routes it by agent (the caller
+    decides: plugins_app/services/affinity.py) and a worker host is alive; the shared stream otherwise."""
+    if not agent:
         return stream_key()
     try:
         return _stream_of(host_for(agent, await hosts.get(r)))
@@ -106,10 +86,9 @@ async def route(kind: str, plugin: str, request: Any, hosts: LiveHosts, r: aredi
         return stream_key()
 
 
-def route_sync(kind: str, plugin: str, request: Any, r: redis.Redis) -> str:
+def route_sync(agent: str | None, r: redis.Redis) -> str:
     """route() for sync callers (no cache: they queue a job now and then)."""
-    agent = agent_to_route(kind, plugin, request)
-    if agent is None:
+    if not agent:
         return stream_key()
     try:
         return _stream_of(host_for(agent, live_hosts(r)))

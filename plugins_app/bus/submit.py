@@ -15,19 +15,21 @@ from plugins_app.bus.keys import reply_key
 
 
 async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "",
-                  store_within: float = 5.0) -> str:
-    """Fire-and-forget: once this returns the job is in Redis and is processed at least once.
+                  store_within: float = 5.0, agent: str | None = None) -> str:
+    """Fire-and-forget: once this returns the job is in Redis and is processed at least once. `agent`: route it
+    to that agent's worker host (agent affinity, plugins_app/bus/affinity.py; the caller decides).
     Raises BusUnavailable / BusCapacity when it could not be stored."""
     hub = current_hub()
     job_id, fields = job_fields(kind, hook, request, None, False, plugin)
-    await hub.xadd(fields, store_within, await route(kind, plugin, request, hub.hosts, hub.r))
+    await hub.xadd(fields, store_within, await route(agent, hub.hosts, hub.r))
     return job_id
 
 
 async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: str = "hook",
-                          plugin: str = "", deadline_secs: float | None = None) -> dict | None:
-    """Enqueue a blocking job and wait for its reply; None when no reply came within `wait_secs`.
-    Raises BusUnavailable / BusCapacity when the job could not be stored."""
+                          plugin: str = "", deadline_secs: float | None = None,
+                          agent: str | None = None) -> dict | None:
+    """Enqueue a blocking job and wait for its reply; None when no reply came within `wait_secs`. `agent` as
+    for enqueue. Raises BusUnavailable / BusCapacity when the job could not be stored."""
     hub = current_hub()
     hub.ensure_running()
     job_id, fields = job_fields(kind, hook, request, deadline_secs or wait_secs, True, plugin, reply_to=hub.channel)
@@ -35,19 +37,20 @@ async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: st
     fut: asyncio.Future = asyncio.get_running_loop().create_future()
     hub.waiters[job_id] = fut
     try:
-        await hub.xadd(fields, wait_secs, await route(kind, plugin, request, hub.hosts, hub.r))
+        await hub.xadd(fields, wait_secs, await route(agent, hub.hosts, hub.r))
         return await hub.wait(job_id, fut, wait_secs - (time.monotonic() - started))
     finally:
         hub.waiters.pop(job_id, None)
 
 
-def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *, plugin: str = "") -> dict | None:
+def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *, plugin: str = "",
+                         agent: str | None = None) -> dict | None:
     """The blocking form of submit_and_wait, for sync callers (routes that run in a thread, commands); its job goes
-    to the same stream as submit_and_wait's would (agent affinity included)."""
+    to the same stream as submit_and_wait's would (`agent` included)."""
     job_id, fields = job_fields(kind, hook, request, wait_secs, True, plugin)
     r = client()
     try:
-        r.xadd(route_sync(kind, plugin, request, r), fields)
+        r.xadd(route_sync(agent, r), fields)
     except REDIS_DOWN as exc:
         raise BusUnavailable(f"Redis unreachable ({type(exc).__name__}: {exc})") from exc
     end = time.monotonic() + wait_secs

@@ -250,7 +250,7 @@ def runtime_choices() -> list[dict]:
     for tag, rt in RUNTIMES.items():
         available = rt.launcher is None or find_launcher(tag) is not None
         out.append({"tag": tag, "available": available, "install_hint": "" if available else rt.install_hint,
-                    "launcher": rt.launcher or ("built in" if rt.in_process else "the script itself")})
+                    "launcher": rt.launcher or ("built in" if rt.is_wasm else "the script itself")})
     return out
 
 

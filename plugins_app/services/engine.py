@@ -1,57 +1,20 @@
-"""Wiring the pure-Python engine to Django: database memory, recorded invocations, live stderr. The catalog and
-config caches it runs on are the process's (plugins_app/home.py), the same ones selectors read."""
+"""Wiring the pure-Python engine to Django in the worker: database memory, recorded invocations, live stderr. The
+catalog and config caches it runs on are the process's (plugins_app/home.py), the same ones selectors read. The web
+tier never builds the engine: it uses plugins_app/services/policy.py."""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import urllib.request
 
-from engine.config import LlmConfig
-from engine.hook_policy import HookPolicy
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.home import catalog, config_cache, forget, home
 from plugins_app.services.memory import DbMemoryStore
+from plugins_app.services.policy import hook_policy, summarizer_for
 from plugins_app.services.recording import DbInvocationSink
 
 log = logging.getLogger("librefang.engine")
-
-
-class OpenAICompatibleSummarizer:
-    """POST {base_url}/chat/completions; used by the default compaction when [llm] is configured."""
-
-    SYSTEM = ("You summarise earlier conversation turns for an AI agent. Keep facts, decisions, open tasks and "
-              "names; drop chit-chat. Answer with the summary only.")
-
-    def __init__(self, cfg: LlmConfig, api_key: str | None):
-        self.cfg = cfg
-        self.api_key = api_key
-
-    def summarize(self, text: str, max_tokens: int, prompt: str | None = None) -> str:
-        body = {
-            "model": self.cfg.model,
-            "temperature": 0.3,
-            "max_tokens": max_tokens,
-            "messages": [{"role": "system", "content": prompt or self.SYSTEM}, {"role": "user", "content": text}],
-        }
-        req = urllib.request.Request(
-            self.cfg.base_url.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json",
-                     **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})},
-        )
-        with urllib.request.urlopen(req, timeout=self.cfg.timeout_secs) as resp:  # noqa: S310 (operator's URL)
-            data = json.loads(resp.read())
-        return str(data["choices"][0]["message"]["content"] or "")
-
-
-def summarizer_for(cfg: LlmConfig):
-    import os
-
-    if not (cfg.base_url and cfg.model):
-        return None
-    return OpenAICompatibleSummarizer(cfg, os.environ.get(cfg.api_key_env or "") or None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,12 +28,6 @@ def get_engine() -> ContextEngine:
     deps = EngineDeps(home=home(), memory=DbMemoryStore(), invocations=invocation_sink(),
                       stderr=events.publisher(), summarizer_for=summarizer_for)
     return ContextEngine(deps, catalog=catalog(), config=config_cache())
-
-
-@functools.lru_cache(maxsize=1)
-def hook_policy() -> HookPolicy:
-    """What the web tier's hook path needs (a deadline, the default engine's answer): no ContextEngine is built."""
-    return HookPolicy(catalog(), config_cache(), DbMemoryStore(), summarizer_for)
 
 
 def reset_engine() -> None:

@@ -13,7 +13,8 @@ from engine import hooks as H
 from engine import protocol as P
 from plugins_app import bus
 from plugins_app.models import JobRecord
-from plugins_app.services.engine import hook_policy
+from plugins_app.services.affinity import agent_to_route
+from plugins_app.services.policy import hook_policy
 
 log = logging.getLogger("librefang.hooks")
 # Extra wait beyond the plugin's own timeout, so the worker's classified failure (not our guess) comes back.
@@ -37,7 +38,8 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
     deadline = policy.deadline_secs(hook)
     started = time.monotonic()
     try:
-        reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline)
+        reply = await bus.submit_and_wait(hook, request, deadline + REPLY_MARGIN_SECS, deadline_secs=deadline,
+                                          agent=agent_to_route(request))
         reason = (f"{P.DEADLINE_EXCEEDED}: no worker answered within {deadline:g}s" if bus.replies_reachable() else
                   f"{BUS_UNAVAILABLE}: Redis went away while waiting for the reply")
     except bus.BusDraining as exc:  # daphne is stopping: answer now rather than with an empty reply
@@ -72,7 +74,7 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
 async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """202 only once the job is in Redis; otherwise 503 + Retry-After so the agent sends it again."""
     try:
-        job_id = await bus.enqueue(hook, request, store_within=STORE_WITHIN_SECS)
+        job_id = await bus.enqueue(hook, request, store_within=STORE_WITHIN_SECS, agent=agent_to_route(request))
     except Exception as exc:  # nothing stored, whatever the reason: never a 202, never a 500
         unavailable = not isinstance(exc, bus.BusCapacity)
         log.warning("%s not accepted: %s", hook, exc)
@@ -104,7 +106,8 @@ async def test_hook(plugin: str, hook: str, request: dict[str, Any], timeout: fl
     """Run one plugin's hook through a worker, whatever the active configuration (never a disabled plugin)."""
     try:
         reply = await bus.submit_and_wait(hook, request, timeout + REPLY_MARGIN_SECS + 1, kind="test_hook",
-                                          plugin=plugin, deadline_secs=timeout + 1)
+                                          plugin=plugin, deadline_secs=timeout + 1,
+                                          agent=agent_to_route(request, plugin))
     except Exception as exc:  # Redis down or refusing: say so instead of failing the request
         log.warning("bus unavailable for test-hook %s.%s: %s", plugin, hook, exc)
         return _error(P.WORKER_UNAVAILABLE, f"job bus unreachable: {exc}")

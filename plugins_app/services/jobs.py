@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 
-from django.db import IntegrityError, close_old_connections
+from django.db import IntegrityError
 
 from engine import protocol as P
 from engine.plugins.bundles import BundleError
@@ -23,6 +23,7 @@ from engine.ports import CURRENT_ORIGIN
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
+from plugins_app.services.connections import refresh_connections
 from plugins_app.services.engine import engine_for_job
 
 log = logging.getLogger("librefang.worker")
@@ -36,7 +37,7 @@ REJECTED = "rejected"
 def process(job: Job, stream: JobStream, outcomes: OutcomeWriter | None = None) -> str:
     """Run a job, reply if asked, store its outcome, then XACK (through `outcomes` when given). Returns the outcome
     state."""
-    close_old_connections()
+    refresh_connections()
     if not job.signed:
         # Anything on the stream we did not sign (forged by whoever reached Redis, or tampered with) never runs.
         return _reject(job, stream, "signature missing or invalid")
@@ -199,7 +200,7 @@ class OutcomeWriter:
     def _write(self, batch: list[tuple[JobRecord, Job]]) -> None:
         for attempt in range(5):
             try:
-                close_old_connections()
+                refresh_connections()
                 JobRecord.objects.bulk_create([r for r, _ in batch], ignore_conflicts=True)
                 break
             except Exception:

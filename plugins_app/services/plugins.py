@@ -7,12 +7,14 @@ Callers (API, dashboard views, CLI) catch PluginError (plugins_app/errors.py, re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.db import IntegrityError
@@ -138,6 +140,16 @@ def _from_install_error(exc: I.InstallError) -> PluginError:
     return PluginError(exc.code, exc.message, exc.status, exc.details)
 
 
+@contextlib.contextmanager
+def _install_errors() -> Iterator[None]:
+    """engine/plugins/install.py's refusals as this service's (same code, message, status and details); the
+    operations that audit a failure (install, update, install with dependencies) catch InstallError themselves."""
+    try:
+        yield
+    except I.InstallError as exc:
+        raise _from_install_error(exc) from exc
+
+
 def install_plugin(source: dict, actor: str, idempotency_key: str | None = None) -> dict:
     """Install from {"source": "local", "path"} | {"source": "git", "url", "ref"?} |
     {"source": "registry", "name", "registry"?|"github_repo"?}. Same Idempotency-Key + same body replays the first
@@ -186,10 +198,8 @@ def update_plugin(name: str, force: bool, actor: str) -> dict:
 
 def uninstall_plugin(name: str, actor: str) -> dict:
     _check_name(name)
-    try:
+    with _install_errors():
         result = I.uninstall(home(), name)
-    except I.InstallError as exc:
-        raise _from_install_error(exc) from exc
     plugin_catalog().forget(name)
     bundles.retire_bundle(name)
     active = name in config_cache().get().context_engine.chain
@@ -314,20 +324,16 @@ def batch(operation: str, names: list[str], actor: str) -> dict:
 
 def export_plugin(name: str, actor: str) -> bytes:
     require_installed(name)
-    try:
+    with _install_errors():
         data = I.export_archive(home(), name)
-    except I.InstallError as exc:
-        raise _from_install_error(exc) from exc
     audit.record(actor, "plugin.export", name, details={"bytes": len(data)})
     return data
 
 
 def update_check(name: str) -> dict:
     require_installed(name)
-    try:
+    with _install_errors():
         return I.update_check(home(), name, default_registry(), registry_configs())
-    except I.InstallError as exc:
-        raise _from_install_error(exc) from exc
 
 
 def wipe_state(name: str, actor: str) -> dict:

@@ -6,11 +6,12 @@ database; dashboards are told which metrics moved.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
 
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from engine import quantiles
@@ -18,6 +19,7 @@ from engine.ports import AGENT, TEST_CONSOLE, Invocation
 from plugins_app import events
 from plugins_app.batching import BatchWriter
 from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour, HookTrace
+from plugins_app.services.connections import refresh_connections
 
 log = logging.getLogger("librefang.recording")
 MAX_TRACES = 10_000
@@ -124,6 +126,11 @@ class DbInvocationSink(BatchWriter[Invocation]):
     def __init__(self) -> None:
         super().__init__()
         self._written = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        # the writer thread's own event loop, for the dashboards' events: kept, not made per batch
+        self._loop = asyncio.new_event_loop()
 
     def record(self, invocation: Invocation) -> None:
         self.put(invocation)
@@ -132,7 +139,7 @@ class DbInvocationSink(BatchWriter[Invocation]):
         super().flush(timeout)
 
     def write(self, batch: list[Invocation]) -> None:
-        close_old_connections()
+        refresh_connections()
         self._write(batch)
 
     def _write(self, batch: list[Invocation]) -> None:
@@ -148,4 +155,5 @@ class DbInvocationSink(BatchWriter[Invocation]):
         self._written += len(batch)
         if self._written // PRUNE_EVERY != before // PRUNE_EVERY:
             prune_traces()
-        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})])
+        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})],
+                               self._loop)

@@ -156,6 +156,14 @@ def _config_context(name: str, **extra) -> dict:
             "advanced_text": json.dumps(settable, indent=2), "env_text": "", **extra}
 
 
+def _config_refused(request, name: str, form: str, text: str, exc: Exception):
+    """The config panel again (400) with the operator's text of `form` ("env" or "advanced") unchanged and why it
+    was refused beside it."""
+    message = exc.message if isinstance(exc, plugin_service.PluginError) else str(exc)
+    return render(request, P + "parity_config.html",
+                  _config_context(name, **{f"{form}_text": text, f"{form}_error": message}), status=400)
+
+
 @login_required
 @require_GET
 @role_required("plugins_env")
@@ -175,12 +183,8 @@ def env_set(request, name: str):
     try:
         body = EnvIn(env=_parse_env_lines(text))
         plugin_config.set_env(name, body.env, actor(request))
-    except (ValueError, ValidationError) as exc:
-        return render(request, P + "parity_config.html",
-                      _config_context(name, env_text=text, env_error=str(exc)), status=400)
-    except plugin_service.PluginError as exc:
-        return render(request, P + "parity_config.html",
-                      _config_context(name, env_text=text, env_error=exc.message), status=400)
+    except (ValueError, ValidationError, plugin_service.PluginError) as exc:
+        return _config_refused(request, name, "env", text, exc)
     return render(request, P + "parity_config.html", _config_context(name, env_saved=True))
 
 
@@ -201,12 +205,8 @@ def advanced_set(request, name: str):
         body = AdvancedConfigIn(**changes)
         if changes:
             plugin_config.set_advanced_config(name, body.model_dump(exclude_unset=True), actor(request))
-    except (ValueError, ValidationError, TypeError) as exc:
-        return render(request, P + "parity_config.html",
-                      _config_context(name, advanced_text=text, advanced_error=str(exc)), status=400)
-    except plugin_service.PluginError as exc:
-        return render(request, P + "parity_config.html",
-                      _config_context(name, advanced_text=text, advanced_error=exc.message), status=400)
+    except (ValueError, ValidationError, TypeError, plugin_service.PluginError) as exc:
+        return _config_refused(request, name, "advanced", text, exc)
     return render(request, P + "parity_config.html",
                   _config_context(name, advanced_saved=sorted(changes)))
 

@@ -21,7 +21,7 @@ from plugins_app.api.hook_asgi import LeanHookRoutes
 from plugins_app.auth import token_cache
 from plugins_app.models import Role
 from plugins_app.services import hooks as hook_service
-from plugins_app.services.engine import catalog, config_cache, get_engine
+from plugins_app.services.engine import catalog, config_cache, get_engine, hook_policy
 from plugins_app.services.tokens import create_token, revoke_token
 from tests.plugin_factory import make_plugin, write_config
 
@@ -298,11 +298,12 @@ def test_the_hook_policy_follows_the_engines_deadline_and_fallback(home):
     engine = get_engine()
     requests = {**VALID, H.COMPACT: {"messages": [{"role": "user", "content": "x " * 400}]}}
     for hook in H.ALL_HOOKS:
-        assert policy.deadline_secs(hook) == engine.deadline_secs(hook), hook
+        assert policy.deadline_secs(hook) == engine.deadline_secs(hook) == hook_policy().deadline_secs(hook), hook
         assert policy.fallback(hook, requests[hook], "why") == engine.default(hook, requests[hook], "why").to_dict()
     assert policy.deadline_secs(H.INGEST) == 3 * 3 + 0.5 + 1.0  # the slower ingest layer, not the sum
     write_config(home.root)
     assert policy.deadline_secs(H.BOOTSTRAP) == engine.deadline_secs(H.BOOTSTRAP) == 60.0
+    assert hook_policy().deadline_secs(H.BOOTSTRAP) == 60.0
 
 
 async def test_a_tokens_use_is_noted_off_the_calls_path_at_most_once_a_minute(apps, canned, monkeypatch):

@@ -16,7 +16,7 @@ from engine.process import warmstart
 from plugins_app import bus
 from plugins_app.management.commands.worker import Command as WorkerCommand
 from plugins_app.models import JobRecord, Role
-from plugins_app.services import affinity
+from plugins_app.services import affinity, hooks
 from plugins_app.services import prewarm as prewarm_service
 from plugins_app.services.tokens import create_token
 from plugins_app.services.worker_loop import WorkerLoop
@@ -154,21 +154,28 @@ async def test_jobs_of_an_agent_go_to_one_live_host_when_its_plugin_asks_for_aff
     a, b = new_stream(host="hostA", beat=True), new_stream(host="hostB", beat=True)
     r = bus.client()
     for agent in ("agent-1", "agent-2", "agent-3", "agent-4"):
-        for _ in range(3):
-            await bus.enqueue("after_turn", {"agent_id": agent, "messages": []})
+        for _ in range(3):  # as an agent's call comes in (plugins_app/services/hooks.py decides the routing)
+            status, _body, _headers = await hooks.call_hook("after_turn", {"agent_id": agent, "messages": []})
+            assert status == 202
         home_stream = bus.host_stream_key(bus.host_for(agent, ["hostA", "hostB"]))
         entries = r.xrange(home_stream)
         assert sum(json.loads(f["request"])["agent_id"] == agent for _, f in entries) == 3
     counts = {s.host: r.xlen(s.host_stream) for s in (a, b)}
     assert sum(counts.values()) == 12 and r.xlen(bus.stream_key()) == 0
     # a job without an agent, and every job once the configured plugin asks for no affinity, use the shared stream
-    await bus.enqueue("bootstrap", {})
+    assert (await hooks.call_hook("after_turn", {"messages": []}))[0] == 202
     write_config(home.root, plugin="loose")
     affinity.forget()
-    await bus.enqueue("after_turn", {"agent_id": "agent-1", "messages": []})
+    assert (await hooks.call_hook("after_turn", {"agent_id": "agent-1", "messages": []}))[0] == 202
     assert r.xlen(bus.stream_key()) == 2 and sum(r.xlen(s.host_stream) for s in (a, b)) == 12
+    # the test console routes by the plugin it names, whatever the configuration (no worker answers: unavailable)
+    agent_stream = bus.host_stream_key(bus.host_for("agent-1", ["hostA", "hostB"]))
+    before = r.xlen(agent_stream)
+    reply = await hooks.test_hook("sticky", "ingest", {"agent_id": "agent-1", "message": "m"}, 0.1)
+    assert reply["error"]["kind"] == "worker_unavailable"
+    assert r.xlen(agent_stream) == before + 1 and r.xlen(bus.stream_key()) == 2
     stats = await bus.queue_stats()  # health and the dashboard count the host streams' backlog too
-    assert stats["length"] == 14 and stats["lag"] == 14 and stats["pending"] == 0
+    assert stats["length"] == 15 and stats["lag"] == 15 and stats["pending"] == 0
 
 
 def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
@@ -187,7 +194,8 @@ def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
 
     worker = threading.Thread(target=answer_one, daemon=True)
     worker.start()
-    reply = bus.submit_and_wait_sync("hook", "ingest", {"agent_id": "agent-7", "message": "m"}, 20)
+    request = {"agent_id": "agent-7", "message": "m"}  # the caller decides the routing, as services/hooks.py does
+    reply = bus.submit_and_wait_sync("hook", "ingest", request, 20, agent=affinity.agent_to_route(request))
     worker.join(5)
     assert reply == {"echo": {"agent_id": "agent-7", "message": "m"}}
     (job,) = seen

@@ -1,6 +1,7 @@
 import pytest
 
 from engine.home import Home
+from engine.process import warmstart
 from engine.stack import ContextEngine, EngineDeps
 
 
@@ -50,3 +51,12 @@ def sinks():
 def engine(ehome, sinks):
     return ContextEngine(EngineDeps(home=ehome, memory=sinks["memory"], invocations=sinks["invocations"],
                                     stderr=sinks["stderr"]))
+
+
+@pytest.fixture
+def fresh_zygotes(monkeypatch):
+    """Warm start on (whatever LIBREFANG_WARM_START says), and no zygote left from another test, before or after."""
+    monkeypatch.delenv("LIBREFANG_WARM_START", raising=False)
+    warmstart.shutdown()
+    yield
+    warmstart.shutdown()

@@ -189,19 +189,3 @@ def test_it_fails_a_missing_launcher_with_its_install_hint(tmp_path, monkeypatch
     r = run(pdir, "print(1)", runtime="ruby", name="hooks/x.rb")
     assert r.failure.kind == P.LAUNCHER_NOT_FOUND
     assert "apt install ruby" in r.failure.message
-
-
-def test_it_reserves_the_wasm_tag_for_the_in_process_runtime(tmp_path):
-    from engine.invoke import execute
-    from engine.process.runner import HookCall
-
-    try:
-        from engine.wasm import run_wasm_hook  # noqa: F401
-        pytest.skip("engine.wasm.run_wasm_hook exists: the WASM runtime's own tests cover this tag")
-    except ImportError:
-        pass
-    pdir = tmp_path / "p"
-    (pdir / "hooks").mkdir(parents=True)
-    (pdir / "hooks" / "h.wasm").write_bytes(b"\0asm\1\0\0\0")
-    r = execute(HookCall(pdir, "hooks/h.wasm", resolve_tag("wasm"), {}, 5))
-    assert r.failure.kind == P.LAUNCHER_NOT_FOUND

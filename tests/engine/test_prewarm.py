@@ -19,12 +19,7 @@ from tests.plugin_factory import make_plugin
 ECHO = "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'type': 'ok', 'ppid': os.getppid()}))\n"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_zygotes(monkeypatch):
-    monkeypatch.delenv("LIBREFANG_WARM_START", raising=False)
-    warmstart.shutdown()
-    yield
-    warmstart.shutdown()
+pytestmark = pytest.mark.usefixtures("fresh_zygotes")
 
 
 @pytest.fixture

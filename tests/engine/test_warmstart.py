@@ -49,12 +49,7 @@ print(json.dumps(state))
 '''
 
 
-@pytest.fixture(autouse=True)
-def _fresh_zygotes(monkeypatch):
-    monkeypatch.delenv("LIBREFANG_WARM_START", raising=False)
-    warmstart.shutdown()
-    yield
-    warmstart.shutdown()
+pytestmark = pytest.mark.usefixtures("fresh_zygotes")
 
 
 def _plugin(tmp_path: Path, source: str, name: str = "hook.py") -> Path:
