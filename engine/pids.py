@@ -1,21 +1,6 @@
-"""Whether a process id still names a running process (stdlib only: the sandbox and the web tier both ask)."""
+"""Whether a process id still names a running process: `alive`, kept in engine/process/pids.py where the sandbox's
+stdlib-only modules can import it too (they run in the zygote, outside the engine package)."""
 
-from __future__ import annotations
+from engine.process.pids import alive
 
-import os
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs. A zombie (exited, not yet reaped by its parent) counts as dead; a process of another
-    user (kill answers EPERM) as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(") ", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): kill(0) is all we have
+__all__ = ["alive"]

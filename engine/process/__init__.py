@@ -6,10 +6,19 @@ disk nor hook semantics.
     hook_call.py           HookCall (one call, as the runner takes it) and HookResult
     runner.py              one hook call: environment, sandbox spec, spawn (or fork from the zygote)
     hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
-    sandbox.py             the SandboxSpec applied in the child (namespaces, rlimits, mounts, probing)
+    sandbox.py             what a hook's sandbox is, probing, and the names its callers use from:
+    sandbox_enter.py       the SandboxSpec and `enter`, applied in the child (namespaces, rlimits, capabilities)
+    sandbox_spare.py       the same in two steps, for a zygote's spare child (`pre_enter`)
+    sandbox_mounts.py      the hook's view of the filesystem (covered home, kept directories, read-only mounts)
     sandbox_tree.py        the keeper/init/hook processes of a sandboxed call
     sandbox_cgroups.py     per-call cgroups (memory and pids limits)
+    sandbox_libc.py        the libc calls (unshare, mount, prctl, capset) and their constants
+    pids.py                whether a pid still runs (the sandbox's cgroup cleanup, and the web tier via engine/pids.py)
     warmstart.py           the zygotes and the spawner, kept warm
-    warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner)
+    zygote_client.py       the worker's handle on one zygote (start, hand it a call) and on the child it forked
+    warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner), and a hook's `__main__`
+    zygote_serve.py        the zygote's loop: spare children, hand-over of a call, answers
+    zygote_child.py        a zygote's child, from its fork to the hook (sandbox entered, or exec in exec mode)
+    zygote_wire.py         the hand-over of a call between the worker, a zygote and its spare (SCM_RIGHTS, JSON)
     hook_spawner.py        the cold-hook spawner: execs non-warm hooks so the worker never forks itself
 """

@@ -2,9 +2,10 @@
 
 A hook that is not forked from a python zygote is exec'd by this small, stdlib-only process instead of the worker:
 the worker (hundreds of MB, many threads) never fork()s itself for a hook, and the spawner keeps a spare child
-that has already joined its cgroup (engine/process/warmstart_zygote.py `_serve`, the same loop as the zygote's). Its child
-applies the hook's sandbox (engine.sandbox.enter) and execs the hook's program (`_exec`). Started and driven by
-engine/process/warmstart.py (`spawn_exec`); argv: control socket fd, path of engine/process/sandbox.py.
+that has already joined its cgroup (engine/process/zygote_serve.py `_serve`, the same loop as the zygote's). Its child
+applies the hook's sandbox (engine.sandbox.enter) and execs the hook's program (engine/process/zygote_child.py
+`_exec`). Started and driven by engine/process/warmstart.py (`spawn_exec`); argv: control socket fd, path of
+engine/process/sandbox.py.
 
 Its own file name is not the zygote's: a hook can tell that it was forked warm by its init's command line
 (tests/engine/test_warmstart.py), and an exec'd hook was not.

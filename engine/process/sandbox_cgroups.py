@@ -1,12 +1,14 @@
 """Per-call cgroups for a hook's memory and process-count limits, made by the service (or the zygote's spare,
-engine/process/warmstart_zygote.py) and joined by engine/process/sandbox.py `enter`. Stdlib only and loaded by path
-in the zygote and the spawner, like engine/process/sandbox.py.
+engine/process/warmstart_zygote.py) and joined by engine/process/sandbox_enter.py `enter`. Stdlib only and loaded
+outside the engine package in the zygote and the spawner, like engine/process/sandbox.py.
 """
 
 import atexit
 import os
 import sys
 import threading
+
+from .pids import alive
 
 
 def unescape_mountinfo(raw: bytes) -> bytes:
@@ -177,23 +179,11 @@ def _remove_stale(bases: set) -> None:
             continue
         for name in names:
             owner = name.split("-")[2]
-            if owner.isdigit() and not _alive(int(owner)):
+            if owner.isdigit() and not alive(int(owner)):
                 try:
                     os.rmdir(os.path.join(base, name))
                 except OSError:
                     pass
-
-
-def _alive(pid: int) -> bool:
-    # Not engine/pids.py: this file is also loaded by path in the zygote and the spawner, which run interpreters
-    # that cannot import the engine package.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _can_create_under(base: str, limit_file: str) -> bool:

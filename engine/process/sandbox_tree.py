@@ -1,12 +1,31 @@
-"""The keeper/init/hook process tree of a sandboxed call (engine/process/sandbox.py `enter` builds it): the keeper
-outside the hook's PID namespace waits for init and exits the way the hook did; init (pid 1 inside) reaps everything
-and ends with the hook. Stdlib only and loaded by path in the zygote and the spawner, like engine/process/sandbox.py.
+"""The keeper/init/hook process tree of a sandboxed call (engine/process/sandbox_enter.py `enter` builds it with
+`_split_keeper_init_hook`, engine/process/sandbox_spare.py `pre_enter` ahead of a call): the keeper outside the hook's
+PID namespace waits for init and exits the way the hook did; init (pid 1 inside, a fresh /proc) reaps everything and
+ends with the hook. Stdlib only and loaded outside the engine package in the zygote and the spawner, like
+engine/process/sandbox.py.
 """
+
+from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import warnings
+
+from .sandbox_libc import (
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    PR_SET_DUMPABLE,
+    PR_SET_PDEATHSIG,
+    SetupError,
+    _mount,
+)
 
 
 def _fork() -> int:
@@ -112,3 +131,43 @@ def _exit_like(status: int) -> None:
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
+    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
+    status_r, status_w = os.pipe()
+    # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
+    # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r, done_fd)
+    os.close(status_r)
+    _become_init(lib, status_w)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w)
+    os.close(status_w)
+    if done_fd is not None:
+        os.close(done_fd)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
+
+
+def _become_init(lib, status_w: int) -> None:
+    """In init, before it forks the hook: tied to the keeper, and a fresh /proc of its namespace."""
+    lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    poller = select.poll()
+    poller.register(status_w, select.POLLOUT)
+    if any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0)):
+        os._exit(137)  # the keeper died before PDEATHSIG was set: no reader left on the status pipe
+    try:
+        _mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except SetupError:
+        # A kernel may refuse a new proc inside a user namespace (masked /proc in containers): then no /proc at
+        # all rather than the service's.
+        _mount(lib, "tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
+    else:
+        _mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+        lib.mount(None, b"/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  None)

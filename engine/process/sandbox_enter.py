@@ -1,0 +1,136 @@
+"""The hook's sandbox, described once (`SandboxSpec`), and the one function that applies it in a freshly forked child
+(`enter`): cgroup, namespaces, the view of the filesystem, the keeper/init/hook tree, rlimits, capabilities, cwd.
+engine/process/sandbox.py says what a hook gets and who calls this; engine/process/sandbox_spare.py applies the same
+in two steps. Stdlib only, like engine/process/sandbox.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+from dataclasses import asdict, dataclass, field
+
+from .sandbox_libc import (
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    PR_CAPBSET_DROP,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    SetupError,
+    _check,
+    libc,
+)
+from .sandbox_mounts import _build_view
+from .sandbox_tree import _split_keeper_init_hook
+
+_CAP_VERSION_3 = 0x20080522
+# Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
+SETUP_FAILED = 126
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a hook gets besides its argv. JSON-serialisable (the zygote receives it over a socket)."""
+
+    cwd: str
+    env: dict = field(default_factory=dict)
+    rlimits: tuple = ()  # ((name, soft, hard), ...) with name an attribute of `resource`, e.g. "RLIMIT_AS"
+    isolate: bool = False  # own PID + mount namespace, fresh /proc, home hidden, no capabilities
+    user_ns: bool = False  # create a user namespace first (the service is not root)
+    new_net: bool = False  # empty network namespace (allow_network = false)
+    hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
+    keep: tuple = ()  # ... except these directories, bound back at the same paths (plugin dir, data dir)
+    read_only: bool = False  # allow_filesystem = false: every mount read-only ...
+    writable: tuple = ()  # ... except these directories
+    cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
+    cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
+    uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
+    gid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SandboxSpec:
+        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits"}
+        return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
+                      for k, v in data.items()})
+
+
+def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> None:
+    """Apply `spec` in a freshly forked child whose parent is `parent_pid`. Returns in the process that must become
+    the hook (exec it, or run the script); never returns in the keeper or init. Raises SetupError when something
+    cannot be applied: the caller must then exit without running the hook.
+
+    `done_fd` (a pipe to the spawner): the keeper writes the hook's 4-byte wait status there as soon as the namespace
+    is empty, before its own exit tears the namespaces down, so the spawner can answer early. The hook never holds
+    it."""
+    lib = libc()
+    if lib is not None:
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died between fork and prctl
+            os._exit(137)
+    for path in spec.cgroups:  # first, so that every process of the call is counted
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write("0")
+    if spec.isolate:
+        if lib is None:
+            raise SetupError("no libc")
+        flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWNET if spec.new_net else 0)
+        _check(lib.unshare(flags | (CLONE_NEWUSER if spec.user_ns else 0)), "unshare")
+        if spec.user_ns:
+            _map_ids(spec.uid, spec.gid)
+        _build_view(lib, spec)
+        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
+    elif spec.new_net:
+        if lib is None:
+            raise SetupError("no libc")
+        _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
+    if done_fd is not None and not spec.isolate:
+        os.close(done_fd)  # the hook must not be able to report a status of its own (closed above when isolated)
+    _enter_last(lib, spec)
+
+
+def _enter_last(lib, spec: SandboxSpec) -> None:
+    """What the hook's own process applies last, whichever way it got its namespaces."""
+    for name, soft, hard in spec.rlimits:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    if lib is not None:
+        _drop_privileges(lib)
+    os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(text)
+
+
+def _drop_privileges(lib) -> None:
+    """No capabilities now or after exec (bounding set emptied), and no setuid gains."""
+    lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if not _has_capabilities():
+        return
+    for cap in range(64):
+        if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last cap
+            break
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(lib.capset(header, data), "capset")
+
+
+def _has_capabilities() -> bool:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16) != 0
+    except OSError:
+        pass
+    return os.geteuid() == 0
+

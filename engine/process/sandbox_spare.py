@@ -1,0 +1,164 @@
+"""The sandbox applied in two steps by a zygote's spare child (engine/process/warmstart_zygote.py): `pre_enter` ahead
+of its call (namespaces, covered home, init, the hook's process waiting), the call's part when the call arrives, and
+`enter_hook` last. Same namespaces, same view, same limits as engine/process/sandbox_enter.py `enter`, less on the
+call's path. Also the per-plugin empty network namespace a zygote keeps (`make_netns`). Stdlib only, like
+engine/process/sandbox.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from .sandbox_enter import SETUP_FAILED, SandboxSpec, _enter_last, _map_ids
+from .sandbox_libc import (
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    MS_NODEV,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_REC,
+    PR_SET_DUMPABLE,
+    PR_SET_PDEATHSIG,
+    SetupError,
+    _check,
+    _mount,
+    libc,
+)
+from .sandbox_mounts import _bind_back, _read_only_mounts, _under
+from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for
+
+
+def shape_of(spec: SandboxSpec) -> tuple | None:
+    """What `pre_enter` prepares ahead of a call: the same for every call of one service, so a spare child prepared
+    for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    if not spec.isolate:
+        return None
+    return spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide)
+
+
+def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
+    """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
+    not depend on the call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys
+    read-only, init forked with a fresh /proc, and the hook's own process (pid 2) forked too. The spare becomes the
+    keeper at once, init waits for the hook, and the hook waits for its call on `sock` (`await_call(sock)` ->
+    (call, fds), the spare's socket to its zygote): then it binds its own directories back, makes the view read-only
+    if asked and enters an empty network namespace, and this function returns (call, fds) in it (the rest is
+    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
+
+    The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
+    code runs. Raises SetupError in the spare only (nothing forked yet)."""
+    user_ns, uid, gid, hide, home_exists = shape
+    lib = libc()
+    if lib is None:
+        raise SetupError("no libc")
+    lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(137)
+    _check(lib.unshare(CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    if user_ns:
+        _map_ids(uid, gid)
+    _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
+    home_fd = None
+    if home_exists:
+        # The home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here
+        # (a bind's source must be a mount of the caller's own namespace, so not a descriptor opened outside).
+        home_fd = os.open(hide, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        _mount(lib, "tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    _read_only_mounts(lib, False, (), sys_only=True)
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r, sock.fileno())
+    os.close(status_r)
+    try:
+        _become_init(lib, status_w)
+    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
+        os._exit(SETUP_FAILED)
+    hook_pid = _fork()
+    if hook_pid:
+        _init(hook_pid, status_w, sock.fileno())
+    os.close(status_w)
+    call, fds = await_call(sock)  # exits quietly if the spare is dropped first
+    try:  # the call's part of the view
+        spec = SandboxSpec.from_dict(call["sandbox"])
+        if home_fd is None and spec.hide and os.path.isdir(spec.hide):
+            raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
+        if home_fd is not None:
+            kept = []
+            for path, real in call.pop("kept", []):
+                if _under(real, hide):  # reached through the covered home, as `enter` opens it before covering
+                    fd = os.open(os.path.relpath(real, hide), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                                 dir_fd=home_fd)
+                else:  # a linked plugin directory outside the home
+                    fd = os.open(real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                kept.append((path, fd))
+            os.close(home_fd)
+            _bind_back(lib, hide, kept)
+        if spec.read_only:  # (/sys is read-only already)
+            _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+        if spec.new_net:
+            if call.get("netns") is not None:  # the plugin's own empty network namespace, kept by the zygote
+                netns = fds.pop(call["netns"])
+                _check(lib.setns(netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+                os.close(netns)
+            else:
+                _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
+        _report_setup_failure(fds, str(exc))
+        os._exit(SETUP_FAILED)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    return call, fds
+
+
+def make_netns() -> int | None:
+    """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
+    and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
+    kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
+    sockets, for one, are per network namespace); a hook has no capability left to change it."""
+    lib = libc()
+    if lib is None:
+        return None
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = _fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            os.write(ready_w, b"1" if lib.unshare(CLONE_NEWNET) == 0 else b"0")
+            os.read(hold_r, 1)  # until the parent has opened it (or died)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(hold_r)
+    fd = None
+    try:
+        if os.read(ready_r, 1) == b"1":
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        _wait_for(pid)
+    return fd
+
+
+def _report_setup_failure(fds: list, message: str) -> None:
+    if len(fds) > 2:
+        try:
+            os.write(fds[2], f"sandbox setup failed in the child: {message}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+
+def enter_hook(call: dict) -> None:
+    """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
+    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))
+

@@ -1,0 +1,97 @@
+"""A zygote's child, from its fork to the hook (engine/process/warmstart_zygote.py): wait for the call if it is a spare,
+take a new session and the call's stdio, apply the sandbox (engine/process/sandbox.py `enter`, or `pre_enter` ahead
+of the call for a prepared spare), and in exec mode (the spawner, engine/process/hook_spawner.py) exec the hook's
+program. Stdlib only and loaded outside the engine package, like engine/process/sandbox.py.
+"""
+
+import json
+import os
+
+from .zygote_wire import HEADER, recv_call, recv_exact
+
+
+def _await_call(sock):
+    """In the spare child: wait for the call's fds and spec; exit quietly if the zygote retires or dies first."""
+    try:
+        msg, fds = recv_call(sock)
+        if not msg:
+            os._exit(0)
+        spec = json.loads(recv_exact(sock, HEADER.unpack(msg)[0]))
+    except BaseException:  # noqa: BLE001 - the zygote went away mid-hand-over
+        os._exit(0)
+    sock.close()
+    return spec, list(fds)
+
+
+def _die(message, code):
+    try:
+        os.write(2, message.encode("utf-8", "replace"))
+    finally:
+        os._exit(code)
+
+
+def _setup_child(spec, fds, zygote_pid, sandbox):
+    """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order.
+    Returns (after the sandbox) the exec error pipe in exec mode, else None; the rest is the caller's."""
+    os.setsid()
+    done, exec_error = fds[3], (fds[4] if len(fds) > 4 else None)
+    _take_stdio(fds[:3], (done, exec_error))
+    box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
+    try:
+        sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process
+    except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
+        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+    return exec_error
+
+
+def _take_stdio(stdio, extra):
+    """The call's pipes as fds 0-2, `extra` fds kept (close-on-exec), every other fd closed (close_fds=True)."""
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    keep = sorted(fd for fd in extra if fd is not None)
+    for fd in stdio:
+        if fd > 2 and fd not in keep:
+            os.close(fd)
+    low = 3
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+    for fd in keep:
+        os.set_inheritable(fd, False)
+
+
+def _prepared_spare(sock, shape, zygote_pid, sandbox):
+    """A spare child entering its namespaces before its call (sandbox.pre_enter): it becomes the call's keeper, and
+    this returns (spec, exec error fd or None) in the hook's own process once the call arrived, its stdio taken and
+    its sandbox complete. A spare that cannot prepare exits: the call is then forked on demand."""
+    os.setsid()
+    try:
+        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call)
+    except BaseException:  # noqa: BLE001
+        os._exit(0)
+    exec_error = fds[3] if "argv" in spec else None
+    _take_stdio(fds[:3], (exec_error,))
+    try:
+        sandbox.enter_hook(spec)
+    except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
+        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+    return spec, exec_error
+
+
+def _exec(spec, exec_error):
+    """Exec mode: become the hook's own program, as subprocess.Popen's child does (signals Python ignores back to
+    their defaults). An exec failure goes back to the worker as an errno on the exec error pipe."""
+    import signal
+
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    argv = spec["argv"]
+    try:
+        os.execve(argv[0], argv, spec["sandbox"]["env"])
+    except OSError as exc:
+        try:
+            os.write(exec_error, str(exc.errno or 0).encode())
+        finally:
+            os._exit(127)
