@@ -131,11 +131,14 @@ def main() -> None:
                                             for n, impl in impls.items()}
                 connection.force_debug_cursor = False
             prune = {}
-            for name, impl in impls.items():
+            for name, impl in impls.items():  # each prunes 300 new traces beyond 1000 kept
+                impl.prune_traces(keep=1000)
+                for _ in range(15):
+                    impl.record_now(make_batch(20, rng))
                 c0 = time.process_time()
                 impl.prune_traces(keep=1000)
                 prune[name] = round((time.process_time() - c0) * 1000, 3)
-            out["prune_traces_cpu_ms"] = prune
+            out["prune_traces_cpu_ms (300 of 1300 traces)"] = prune
             print(json.dumps(out, indent=1))
             connection.close()
     finally:
