@@ -94,12 +94,10 @@ _COUNTED = ("calls", "failures", "latency_ms_total", "histogram", "console_calls
 # The latency sketches merged in SQL (engine/quantiles.py merge: counts added per key), per backend; {old} is the
 # stored row's column, {new} the batch's. An empty batch sketch (console-only calls) keeps the stored one as is.
 _MERGE_SKETCH = {
-    "sqlite": ("CASE WHEN {new} = '{{}}' THEN {old} ELSE (SELECT json_group_object(key, n) FROM (SELECT key, SUM(value)"
-               " AS n FROM (SELECT key, value FROM json_each({old}) UNION ALL SELECT key, value FROM json_each({new}))"
-               " GROUP BY key)) END"),
-    "postgresql": ("CASE WHEN {new} = '{{}}'::jsonb THEN {old} ELSE (SELECT jsonb_object_agg(key, n) FROM (SELECT key,"
-                   " SUM(value::bigint) AS n FROM (SELECT key, value FROM jsonb_each_text({old}) UNION ALL"
-                   " SELECT key, value FROM jsonb_each_text({new})) AS s GROUP BY key) AS g) END"),
+    "sqlite": ("CASE WHEN {new} = '{{}}' THEN {old} ELSE json_patch({old}, (SELECT json_group_object(key, value"
+               " + COALESCE(json_extract({old}, '$.\"' || key || '\"'), 0)) FROM json_each({new}))) END"),
+    "postgresql": ("CASE WHEN {new} = '{{}}'::jsonb THEN {old} ELSE {old} || (SELECT jsonb_object_agg(key,"
+                   " value::bigint + COALESCE(({old} ->> key)::bigint, 0)) FROM jsonb_each_text({new})) END"),
 }
 
 

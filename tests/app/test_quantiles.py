@@ -208,8 +208,8 @@ def test_it_adds_each_batch_to_the_stored_rows_as_if_all_samples_were_kept():
     """The database merges a batch into existing rows (engine/quantiles.py merge): counts and sketch add up exactly,
     a console-only batch leaves the agents' sketch, last call and last error alone, a failure replaces the error."""
     now = time.time()
-    first = [invocation(12.5, now), invocation(40, now, ok=False), invocation(3, now, hook="assemble")]
-    second = [invocation(12.5, now), invocation(900, now), invocation(0.0001, now)]
+    first = [invocation(12.5, now), invocation(40, now, ok=False), invocation(0.5, now), invocation(3, now, hook="assemble")]
+    second = [invocation(12.5, now), invocation(900, now), invocation(0.5, now), invocation(0.0001, now)]
     record_now(first)
     record_now(second)
     last_call = HookMetric.objects.get(plugin="p", hook="ingest").last_called_at
@@ -219,13 +219,13 @@ def test_it_adds_each_batch_to_the_stored_rows_as_if_all_samples_were_kept():
     agent_ingest = [i.elapsed_ms for i in first + second if i.hook == "ingest"]
     for row in (HookMetric.objects.get(plugin="p", hook="ingest"), HookMetricBucket.objects.get(plugin="p", hook="ingest"),
                 HookMetricHour.objects.get(plugin="p", hook="ingest")):
-        assert (row.calls, row.failures, row.console_calls, row.console_failures) == (5, 1, 1, 1)
+        assert (row.calls, row.failures, row.console_calls, row.console_failures) == (7, 1, 1, 1)
         assert row.latency_ms_total == pytest.approx(sum(agent_ingest))
         assert row.histogram == quantiles.from_values(agent_ingest)
     m = HookMetric.objects.get(plugin="p", hook="ingest")
-    assert m.successes == 4 and m.last_error_kind == "timeout" and m.last_called_at == last_call is not None
+    assert m.successes == 6 and m.last_error_kind == "timeout" and m.last_called_at == last_call is not None
     assert HookMetric.objects.get(plugin="p", hook="assemble").histogram == quantiles.from_values([3])
-    assert HookTrace.objects.count() == 7
+    assert HookTrace.objects.count() == 9
 
 
 @pytest.mark.django_db
