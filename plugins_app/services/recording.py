@@ -67,11 +67,16 @@ def record_now(items: list[Invocation]) -> None:
                        adapt(now) if agent else None))
     minutes = [(p, h, adapt(m), *_figures(*_split(g))) for (p, h, m), g in sorted(by_minute.items())]
     hours = [(p, h, adapt(m), *_figures(*_split(g))) for (p, h, m), g in sorted(by_hour.items())]
+    # Within the limit of parameters per statement (Django's 999 on SQLite; 65535 in PostgreSQL's protocol), in order.
+    chunk = max(1, (connection.features.max_query_params or 65535) // len(_TRACE_COLUMNS))
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        cursor.execute(_insert_traces_sql(connection.vendor, len(traces)), [v for row in traces for v in row])
+        for n in range(0, len(traces), chunk):
+            part = traces[n:n + chunk]
+            cursor.execute(_insert_traces_sql(connection.vendor, len(part)), [v for row in part for v in row])
         for model, rows in ((HookMetric, totals), (HookMetricBucket, minutes), (HookMetricHour, hours)):
-            cursor.execute(_upsert_sql(connection.vendor, model, len(rows)),
-                           [value for row in rows for value in row])
+            for n in range(0, len(rows), chunk):
+                part = rows[n:n + chunk]
+                cursor.execute(_upsert_sql(connection.vendor, model, len(part)), [v for row in part for v in row])
 
 
 def _split(items: list[Invocation]) -> tuple[list[Invocation], list[Invocation]]:
@@ -106,7 +111,7 @@ _TRACE_COLUMNS = ("trace_id", "job_id", "plugin", "hook", "agent_id", "started_a
                   "error", "input_preview", "output_preview", "stderr_tail", "annotations", "origin")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # one statement text per batch size seen
 def _insert_traces_sql(vendor: str, rows: int) -> str:
     """The traces' INSERT for `rows` rows (the ORM's bulk_create spent more CPU building it than the database took)."""
     q = connections[router.db_for_write(HookTrace)].ops.quote_name
@@ -116,7 +121,7 @@ def _insert_traces_sql(vendor: str, rows: int) -> str:
             f"VALUES {', '.join([row] * rows)} ON CONFLICT DO NOTHING")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)
 def _upsert_sql(vendor: str, model: type[HookMetric] | type[HookMetricBucket] | type[HookMetricHour],
                 rows: int) -> str:
     """INSERT ... ON CONFLICT DO UPDATE for `rows` rows of one table: the row tuples built in record_now."""

@@ -236,3 +236,15 @@ def test_it_merges_new_calls_into_rows_written_with_the_old_bucket_bounds():
     b = HookMetricBucket.objects.get(plugin="p", hook="ingest")
     assert b.calls == 3 and b.histogram == {"50": 2, **quantiles.from_values([10])}
     assert quantiles.quantile(b.histogram, 1.0) == 50
+
+
+@pytest.mark.django_db
+def test_it_records_a_full_batch_beyond_the_databases_parameter_limit():
+    """The writer's largest batch (plugins_app/batching.py batch_max) with more keys than one statement can carry."""
+    now = time.time()
+    items = [invocation(1 + n % 7, now - 60 * (n % 3), hook=f"h{n % 90}") for n in range(500)]
+    record_now(items)
+    assert HookTrace.objects.count() == 500
+    assert HookMetric.objects.count() == 90 and sum(HookMetric.objects.values_list("calls", flat=True)) == 500
+    assert sum(quantiles.count(h) for h in HookMetricBucket.objects.values_list("histogram", flat=True)) == 500
+    assert sum(HookMetricHour.objects.values_list("calls", flat=True)) == 500
