@@ -98,11 +98,12 @@ def _figures(agent: list[Invocation], console: list[Invocation]) -> tuple:
 _COUNTED = ("calls", "failures", "latency_ms_total", "histogram", "console_calls", "console_failures")
 # The latency sketches merged in SQL (engine/quantiles.py merge: counts added per key), per backend; {old} is the
 # stored row's column, {new} the batch's. An empty batch sketch (console-only calls) keeps the stored one as is.
+# (numeric on PostgreSQL: a count stored as 2.0 by an older writer still adds up instead of failing the batch)
 _MERGE_SKETCH = {
     "sqlite": ("CASE WHEN {new} = '{{}}' THEN {old} ELSE json_patch({old}, (SELECT json_group_object(key, value"
                " + COALESCE(json_extract({old}, '$.\"' || key || '\"'), 0)) FROM json_each({new}))) END"),
     "postgresql": ("CASE WHEN {new} = '{{}}'::jsonb THEN {old} ELSE {old} || (SELECT jsonb_object_agg(key,"
-                   " value::bigint + COALESCE(({old} ->> key)::bigint, 0)) FROM jsonb_each_text({new})) END"),
+                   " value::numeric + COALESCE(({old} ->> key)::numeric, 0)) FROM jsonb_each_text({new})) END"),
 }
 
 
