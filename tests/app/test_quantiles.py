@@ -201,3 +201,50 @@ def test_it_rolls_existing_minute_rows_up_into_hours_when_migrating():
     migration.roll_up_minutes(apps, None)
     assert sum(HookMetricHour.objects.values_list("calls", flat=True)) == 3
     assert sum(quantiles.count(h) for h in HookMetricHour.objects.values_list("histogram", flat=True)) == 3
+
+
+@pytest.mark.django_db
+def test_it_adds_each_batch_to_the_stored_rows_as_if_all_samples_were_kept():
+    """The database merges a batch into existing rows (engine/quantiles.py merge): counts and sketch add up exactly,
+    a console-only batch leaves the agents' sketch, last call and last error alone, a failure replaces the error."""
+    now = time.time()
+    first = [invocation(12.5, now), invocation(40, now, ok=False), invocation(0.5, now), invocation(3, now, hook="assemble")]
+    second = [invocation(12.5, now), invocation(900, now), invocation(0.5, now), invocation(0.0001, now)]
+    record_now(first)
+    record_now(second)
+    last_call = HookMetric.objects.get(plugin="p", hook="ingest").last_called_at
+    console = invocation(5000, now, ok=False, origin=TEST_CONSOLE)
+    console.error_kind = "crash"
+    record_now([console])
+    agent_ingest = [i.elapsed_ms for i in first + second if i.hook == "ingest"]
+    for row in (HookMetric.objects.get(plugin="p", hook="ingest"), HookMetricBucket.objects.get(plugin="p", hook="ingest"),
+                HookMetricHour.objects.get(plugin="p", hook="ingest")):
+        assert (row.calls, row.failures, row.console_calls, row.console_failures) == (7, 1, 1, 1)
+        assert row.latency_ms_total == pytest.approx(sum(agent_ingest))
+        assert row.histogram == quantiles.from_values(agent_ingest)
+    m = HookMetric.objects.get(plugin="p", hook="ingest")
+    assert m.successes == 6 and m.last_error_kind == "timeout" and m.last_called_at == last_call is not None
+    assert HookMetric.objects.get(plugin="p", hook="assemble").histogram == quantiles.from_values([3])
+    assert HookTrace.objects.count() == 9
+
+
+@pytest.mark.django_db
+def test_it_merges_new_calls_into_rows_written_with_the_old_bucket_bounds():
+    minute = dt.datetime.fromtimestamp(time.time() // 60 * 60, dt.UTC)
+    HookMetricBucket.objects.create(plugin="p", hook="ingest", minute=minute, calls=2, histogram={"50": 2})
+    record_now([invocation(10, minute.timestamp() + 1)])
+    b = HookMetricBucket.objects.get(plugin="p", hook="ingest")
+    assert b.calls == 3 and b.histogram == {"50": 2, **quantiles.from_values([10])}
+    assert quantiles.quantile(b.histogram, 1.0) == 50
+
+
+@pytest.mark.django_db
+def test_it_records_a_full_batch_beyond_the_databases_parameter_limit():
+    """The writer's largest batch (plugins_app/batching.py batch_max) with more keys than one statement can carry."""
+    now = time.time()
+    items = [invocation(1 + n % 7, now - 60 * (n % 3), hook=f"h{n % 90}") for n in range(500)]
+    record_now(items)
+    assert HookTrace.objects.count() == 500
+    assert HookMetric.objects.count() == 90 and sum(HookMetric.objects.values_list("calls", flat=True)) == 500
+    assert sum(quantiles.count(h) for h in HookMetricBucket.objects.values_list("histogram", flat=True)) == 500
+    assert sum(HookMetricHour.objects.values_list("calls", flat=True)) == 500
