@@ -256,8 +256,10 @@ def owner_api(client):
 
 
 @pytest.fixture
-def control_worker():
-    """A worker's heartbeat and control thread (plugins_app/management/commands/worker.py), in this process."""
+def control_worker(monkeypatch):
+    """A worker's heartbeat and control thread (plugins_app/management/commands/worker.py), in this process, with
+    warm start on whatever mode the suite runs in (it is asked to prewarm)."""
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1")
     loops = []
 
     def start(answering: bool = True) -> WorkerLoop:

@@ -47,8 +47,9 @@ class Cluster(LiveService):
     def __init__(self, root: Path, database_url: str):
         super().__init__(root)
         self.env.pop("LIBREFANG_DB", None)
+        # warm start on whatever mode the suite runs in: the workers are asked to prewarm
         self.env.update({"DATABASE_URL": database_url, "LIBREFANG_PIN_BUNDLES": "1",
-                         "LIBREFANG_BUS_KEY_FILE": str(root / "bus_key")})
+                         "LIBREFANG_BUS_KEY_FILE": str(root / "bus_key"), "LIBREFANG_WARM_START": "1"})
         self.worker_homes: dict[int, Path] = {}
 
     def start_worker(self) -> subprocess.Popen:
