@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
@@ -28,6 +29,8 @@ def _curl_status(command: str) -> str:
     return done.stdout.strip()
 
 
+# seven Django process starts and a live service: the default 120 s is not enough on a loaded 2-core machine
+@pytest.mark.timeout(300)
 def test_it_prints_secrets_once_with_a_sample_that_works_and_never_a_revoked_token(tmp_path):
     service = LiveService(tmp_path)
     try:

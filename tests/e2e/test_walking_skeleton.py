@@ -19,9 +19,10 @@ print(json.dumps({"type": "ingest_result", "memories": [{"content": "recalled " 
 """
 
 
-async def _collect(url: str, n: int, timeout: float) -> list[tuple[float, dict]]:
+async def _collect(url: str, n: int, timeout: float, connected: asyncio.Event) -> list[tuple[float, dict]]:
     got = []
     async with websockets.connect(url) as ws:
+        connected.set()  # accepted: the consumer joined its group before accepting (plugins_app/consumers.py)
         end = time.monotonic() + timeout
         while len(got) < n and time.monotonic() < end:
             try:
@@ -39,8 +40,10 @@ def test_it_answers_ingest_from_the_plugin_and_streams_stderr_live(live):
     url = f"{live.ws_url}/ws/stderr/streamer/?format=json&token={token}"
 
     async def scenario():
-        collector = asyncio.create_task(_collect(url, 3, 20))
-        await asyncio.sleep(0.5)  # let the websocket join its group first
+        connected = asyncio.Event()
+        collector = asyncio.create_task(_collect(url, 3, 20, connected))
+        # live lines only: a socket still connecting when the hook writes would get them late, from the stored tail
+        await asyncio.wait_for(connected.wait(), 20)
         call = asyncio.to_thread(live.hook, "ingest", {"agent_id": "a1", "message": "kafka", "peer_id": "u1"})
         status_body = await call
         done_at = time.time()
