@@ -2,31 +2,22 @@
 warm-start zygotes of the plugins' python hooks and fetches their pinned bundles, so the next call pays neither.
 
 The web tier posts one request on the bus's control stream (plugins_app/bus/control.py); each worker's control thread
-(plugins_app/management/commands/worker.py) runs `warm_here` and answers; the route reports per worker what it
-confirmed, and lists the workers that heartbeat but did not answer in time. Nothing is reported warmed that a worker
-did not confirm.
+(plugins_app/management/commands/worker.py) runs `warm_here` (plugins_app/services/prewarm_worker.py) and
+answers; the route reports per worker what it confirmed, and lists the workers that heartbeat but did not answer in
+time. Nothing is reported warmed that a worker did not confirm.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 
-from engine.plugins.bundles import BundleError
-from engine.prewarm import warm_plugin
-from engine.process import warmstart
 from plugins_app import bus
 from plugins_app.errors import PluginError
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.services import audit
 from plugins_app.services.bundles import PinsUnavailable, job_pins
-from plugins_app.services.engine import engine_for_job, home
 
 WAIT_SECS = 10.0
 
@@ -115,33 +106,3 @@ def _worker_report(answer: dict, names: list[str]) -> dict[str, Any]:
     return {"worker": answer.get("worker", ""), "host": answer.get("host", ""), "pid": answer.get("pid"),
             "ok": ok, "error": answer.get("error", ""), "plugins": plugins,
             "zygote_pids": answer.get("zygote_pids") or [], "elapsed_ms": answer.get("elapsed_ms")}
-
-
-# ---- worker ----
-
-def warm_here(fields: dict[str, str]) -> dict[str, Any]:
-    """Run one prewarm request on this worker: fetch the named bundles, start the zygotes. Never raises."""
-    started = time.monotonic()
-    out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "plugins": [], "error": ""}
-    try:
-        names = [str(n) for n in json.loads(fields.get("plugins") or "[]")]
-        bundles = json.loads(fields["bundles"]) if "bundles" in fields else None
-        close_old_connections()
-        engine = engine_for_job(bundles, fields.get("engine_config", ""))
-        for name in names:
-            if not engine.catalog.exists(name):
-                out["plugins"].append({"plugin": name, "runtime": "", "warmed": [], "skipped": {},
-                                       "failed": {"*": "not installed on this worker"}, "zygotes": 0})
-                continue
-            report = warm_plugin(engine.catalog.get(name), home())
-            report["bundle"] = (bundles or {}).get(name, "")[:12]
-            out["plugins"].append(report)
-    except BundleError as exc:
-        out["error"] = f"bundle not fetched: {exc}"
-    except Exception as exc:  # reported to the operator, never a dead control thread
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        close_old_connections()
-    out["zygote_pids"] = warmstart.zygote_pids()
-    out["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
-    return out

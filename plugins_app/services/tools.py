@@ -15,9 +15,9 @@ from typing import Any
 
 from engine.wasm import tools as T
 from plugins_app import bus, events
+from plugins_app.home import home
 from plugins_app.selectors.tools import policy
 from plugins_app.services import audit
-from plugins_app.services.engine import home
 
 log = logging.getLogger("librefang.tools")
 JOB_KIND = "tool"

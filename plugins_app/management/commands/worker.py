@@ -2,7 +2,7 @@
 
 The loop itself is plugins_app/services/worker_loop.py (read_once, reclaim_once, cycle); this command adds the
 heartbeat thread (so other workers know we are alive, and which host we are for agent affinity) and the control
-thread (prewarm requests, plugins_app/services/prewarm.py). `--once` runs one reclaim + read cycle, waits for the
+thread (prewarm requests, plugins_app/services/prewarm_worker.py). `--once` runs one reclaim + read cycle, waits for the
 jobs it started and exits.
 
 Redis may go away at any moment: every step here survives it. A failed read gives its slots back, the loop waits
@@ -27,7 +27,7 @@ from engine.plugins.bundles import cache_usage
 from engine.process import warmstart
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
-from plugins_app.services import bundles, prewarm
+from plugins_app.services import bundles, prewarm_worker
 from plugins_app.services.engine import get_engine, invocation_sink
 from plugins_app.services.worker_loop import Backoff, WorkerLoop
 
@@ -150,7 +150,7 @@ class Command(BaseCommand):
                 for fields in entries:
                     if fields.get("kind") == "prewarm" and fields.get("stamp"):
                         started = time.monotonic()
-                        answer = prewarm.warm_here(fields)
+                        answer = prewarm_worker.warm_here(fields)
                         log.info("prewarm %s: %.0f ms", fields["stamp"][:8], (time.monotonic() - started) * 1000)
                         stream.answer_prewarm(fields["stamp"], answer)
             except REDIS_DOWN as exc:
