@@ -73,7 +73,10 @@ def test_it_falls_back_to_the_default_engine_within_the_deadline(live):
     assert status == 200
     assert body["source"] == "default"
     assert body["type"] == "ingest_result"
-    assert "timeout" in body["fallback_reason"]
+    # the worker's "timeout", or the web tier's "deadline_exceeded" when a loaded machine delays the worker's reply
+    # past the deadline's margin: both are the agent getting the default engine in time
+    reason = body["fallback_reason"]
+    assert ": timeout:" in reason or reason.startswith("deadline_exceeded"), reason
     assert elapsed < 1 + 1
 
 
