@@ -61,7 +61,6 @@ def preview(value: Any, limit: int = PREVIEW_BYTES) -> str:
     return data[:limit].decode("utf-8", errors="ignore") + "…"
 
 
-
 # (failure message or None, warnings for the trace): lets the caller judge a reply before it is recorded.
 Judge = Callable[[Any], tuple[str | None, list[str]]]
 

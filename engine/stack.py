@@ -76,7 +76,6 @@ class EngineReply:
         return out
 
 
-
 @dataclass
 class EngineDeps:
     home: Home

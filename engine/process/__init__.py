@@ -13,7 +13,7 @@ disk nor hook semantics.
     sandbox_tree.py        the keeper/init/hook processes of a sandboxed call
     sandbox_cgroups.py     per-call cgroups (memory and pids limits)
     sandbox_libc.py        the libc calls (unshare, mount, prctl, capset) and their constants
-    pids.py                whether a pid still runs (the sandbox's cgroup cleanup, and the web tier via engine/pids.py)
+    pids.py                whether a pid still runs (the sandbox's cgroup cleanup, and the supervisor panel)
     warmstart.py           the zygotes and the spawner, kept warm
     zygote_client.py       the worker's handle on one zygote (start, hand it a call) and on the child it forked
     warmstart_zygote.py    the zygote process itself (in exec mode: the loop of the spawner), and a hook's `__main__`

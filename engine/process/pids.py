@@ -1,4 +1,4 @@
-"""Whether a process id still names a running process. Stdlib only: the web tier asks (through engine/pids.py), and
+"""Whether a process id still names a running process. Stdlib only: the web tier asks (the supervisor panel), and
 so does engine/process/sandbox_cgroups.py, also in the zygote and the spawner, which load engine/process/ outside the
 engine package."""
 

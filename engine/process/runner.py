@@ -195,7 +195,6 @@ class _EnterSandbox:
             os._exit(sandbox.SETUP_FAILED)
 
 
-
 def _cap_utf8(text: str, cap: int) -> str:
     data = text.encode("utf-8")
     if len(data) <= cap:

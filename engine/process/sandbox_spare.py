@@ -157,7 +157,6 @@ def _report_setup_failure(fds: list, message: str) -> None:
             pass
 
 
-
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
     _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))

@@ -202,9 +202,6 @@ def decode_output(raw: bytes) -> str:
         raise WasmError(P.INVALID_OUTPUT, f"plugin output is not valid UTF-8: {exc}") from exc
 
 
-
-
-
 _describe_cache: dict[str, dict[str, Any]] = {}
 
 

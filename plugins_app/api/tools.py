@@ -44,7 +44,6 @@ READ = _Roles(lambda t: t.role == Role.AGENT or allows(t, Role.VIEWER), "an agen
 RUN = _Roles(lambda t: t.role in (Role.AGENT, Role.OWNER), "the agent or owner role")
 
 
-
 def _upload(request: HttpRequest, field: str) -> bytes | None:
     upload = request.FILES.get(field)
     return upload.read() if upload is not None else None

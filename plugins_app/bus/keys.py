@@ -48,7 +48,6 @@ def prewarm_answers_key(stamp: str) -> str:
     return prefixed_key("engine", "prewarm", stamp)
 
 
-
 def rehome_lock_key(host: str) -> str:
     """Held by the one worker moving the jobs of a host that stopped heartbeating."""
     return prefixed_key("engine", "rehome", host)

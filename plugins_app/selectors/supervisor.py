@@ -19,7 +19,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from engine.pids import alive
+from engine.process.pids import alive
 
 STATUS_FILE = Path("run") / "supervisor.json"
 STALE_AFTER_SECS = 30.0  # a live supervisor refreshes the file every 2 s

@@ -248,3 +248,12 @@ def test_it_records_a_full_batch_beyond_the_databases_parameter_limit():
     assert HookMetric.objects.count() == 90 and sum(HookMetric.objects.values_list("calls", flat=True)) == 500
     assert sum(quantiles.count(h) for h in HookMetricBucket.objects.values_list("histogram", flat=True)) == 500
     assert sum(HookMetricHour.objects.values_list("calls", flat=True)) == 500
+
+
+def test_the_trace_insert_names_every_column_of_the_trace_model():
+    # services/recording.py writes traces with its own INSERT: a HookTrace field it does not name would be left to a
+    # database default it may not have
+    from plugins_app.services.recording import _TRACE_COLUMNS
+
+    columns = {f.column for f in HookTrace._meta.concrete_fields if not f.primary_key}
+    assert set(_TRACE_COLUMNS) == columns and len(_TRACE_COLUMNS) == len(columns)

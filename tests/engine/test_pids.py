@@ -1,4 +1,4 @@
-"""engine/pids.py: a pid that runs is alive; one that exited is dead, reaped or not (a zombie)."""
+"""engine/process/pids.py: a pid that runs is alive; one that exited is dead, reaped or not (a zombie)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from engine.pids import alive
+from engine.process.pids import alive
 
 
 def test_a_running_process_is_alive():
