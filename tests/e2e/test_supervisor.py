@@ -176,7 +176,8 @@ class Traffic:
                 with self.lock:
                     if isinstance(reason, ConnectionRefusedError):
                         self.refused += 1
-                    elif isinstance(reason, http.client.RemoteDisconnected | ConnectionResetError):
+                    # daphne died holding the connection: reset while reading, or a broken pipe while still sending
+                    elif isinstance(reason, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError):
                         self.cut += 1
                     else:
                         self.errors.append(repr(exc))
