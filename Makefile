@@ -15,21 +15,33 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The cold-hook spawner's spare as a small static program (engine/process/native_spare.py says why); without a C
+# compiler, or if it fails, cold hooks use the python spare and nothing else changes.
+NATIVE_SPARE := engine/process/native/librefang-spare
+$(NATIVE_SPARE): engine/process/native/spare.c
+	@if command -v $(CC) >/dev/null 2>&1; then \
+		$(CC) -O2 -Wall -static -o $@ $< 2>/dev/null || $(CC) -O2 -Wall -o $@ $< || \
+		echo "could not build $@: cold hooks use the python spare"; \
+	else echo "no C compiler ($(CC)): cold hooks use the python spare"; fi
 
-run: $(STAMP)
+READY := $(STAMP) $(NATIVE_SPARE)
+
+setup: $(READY)
+
+run: $(READY)
 	$(BIN)/librefang start
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: $(STAMP)
+test: $(READY)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run plugins_app >/dev/null
 	$(BIN)/pytest $(PYTEST_ARGS)
 	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
+	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py  # and below the python spare (a machine without a C compiler)
 	@# The memory store's full-text search again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
 	@# a per-run database name so parallel runs never share Django's test database.
 	@if $(BIN)/python -c "import psycopg; psycopg.connect('$(PG_URL)', connect_timeout=3).close()" 2>/dev/null; then \
@@ -38,7 +50,7 @@ test: $(STAMP)
 
 # A longer schemathesis run than the one `make test` includes (tests/e2e/test_api_schemathesis.py, 15 examples
 # per operation): SCHEMATHESIS_MAX_EXAMPLES=N to change it.
-schemathesis: $(STAMP)
+schemathesis: $(READY)
 	SCHEMATHESIS_MAX_EXAMPLES=$${SCHEMATHESIS_MAX_EXAMPLES:-50} $(BIN)/pytest -q tests/e2e/test_api_schemathesis.py
 
 # Re-resolve requirements.lock from pyproject.toml (the dependencies and the dev extra, with every file's hash).
@@ -48,8 +60,8 @@ lock: $(STAMP)
 	$(BIN)/pip-compile --quiet --generate-hashes --extra dev --strip-extras --allow-unsafe --no-emit-index-url \
 		--no-emit-find-links $(LOCK_ARGS) -o requirements.lock pyproject.toml
 
-bench: $(STAMP)
+bench: $(READY)
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info $(NATIVE_SPARE)

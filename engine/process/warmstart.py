@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.process import native_spare
 from engine.process.zygote_client import (
     SANDBOX_MODULE,
     SPAWNER_SCRIPT,
@@ -87,7 +88,9 @@ _failed_until: dict[tuple, float] = {}
 
 def _get(launcher: str, env: Mapping[str, str], script: Path = ZYGOTE_SCRIPT) -> Zygote | None:
     spawner = script == SPAWNER_SCRIPT
-    boot = {} if spawner else startup_env(env)
+    # The spawner starts with an empty environment but whether it may use the native spare (a test turns it off).
+    boot = ({k: os.environ[k] for k in (native_spare.SWITCH,) if k in os.environ} if spawner
+            else startup_env(env))
     registry: dict = _spawners if spawner else _zygotes
     key = (str(script), launcher, tuple(sorted(boot.items())))
     with _lock:

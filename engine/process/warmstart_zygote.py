@@ -277,7 +277,8 @@ def _main(exec_mode=False):
     if hasattr(gc, "freeze"):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
-    spec, fds = _loop._serve(ctl, sandbox)
+    spare_program = _loop.native_spare.program() if exec_mode else None  # engine/process/native_spare.py
+    spec, fds = _loop._serve(ctl, sandbox, spare_program)
     exec_error = None
     try:
         if spec is not None:  # forked on demand for a call

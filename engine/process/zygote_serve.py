@@ -13,6 +13,7 @@ import select
 import selectors
 import socket
 
+from . import native_spare
 from .zygote_wire import HEADER, recv_call, recv_exact, send_call, send_line
 
 _SIGKILL = 9
@@ -20,7 +21,7 @@ _SPEC_TIMEOUT_SECS = 10.0
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
 
 
-def _serve(ctl, sandbox):
+def _serve(ctl, sandbox, spare_program=None):
     """Fork children on request. Returns only inside a forked child: (spec, fds) for a child forked for a call,
     or (None, socket) for the spare child, which then waits on that socket for its call. `fds` are the call's
     stdin, stdout, stderr, then the keeper's done pipe, then (exec mode) the exec error pipe.
@@ -33,12 +34,16 @@ def _serve(ctl, sandbox):
     A call is answered with its child's pid, then `{"rc", "oom"}` as soon as the keeper reports the hook's status
     on the done pipe (the namespace is empty by then; its teardown finishes after the answer), or when the child
     is reaped. The call's cgroup is removed after the child is reaped, off the call's path.
+
+    `spare_program` (exec mode, engine/process/native_spare.py): a spare for a known sandbox shape is that program,
+    started with posix_spawn, instead of a fork of this process.
     """
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
     children = {}  # pidfd -> [pid, reply socket or None once answered, cgroups, done pipe read end or None]
     draining = False
-    spare = None  # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None, limits written)
+    # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None, limits written, native program)
+    spare = None
     # The child running the call that took the last spare: the next spare is made once it has answered, so that
     # preparing it (fork, cgroup join, namespaces) does not compete with the running hook for the CPU.
     waiting = None
@@ -72,7 +77,7 @@ def _serve(ctl, sandbox):
                 leftover.append(path)
 
     def drop_spare():
-        pid, sock, paths, _shape, _limits = spare
+        pid, sock, paths, _shape, _limits, _native = spare
         sock.close()  # EOF: the spare exits
         os.waitpid(pid, 0)
         remove(paths)
@@ -114,8 +119,25 @@ def _serve(ctl, sandbox):
                 select.select([], [], [], 0.01)
         os._exit(0)
 
+    def native_spare_for(the_shape, limits):
+        """A spare that is the native program, for `the_shape`, its cgroup limited to `limits` ahead; or None."""
+        paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
+        written = limits if paths and limits and cgroups.limit(paths, *limits) else ()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = native_spare.spawn(spare_program, theirs, the_shape, paths)
+        except OSError:
+            ours.close()
+            remove(paths)
+            return None
+        finally:
+            theirs.close()
+        return pid, ours, paths, the_shape, written, True
+
     while True:
-        if spare is None and not draining and waiting is None:
+        if spare is None and not draining and waiting is None and spare_program is not None and shape is not None:
+            spare = native_spare_for(shape, last_limits)
+        elif spare is None and not draining and waiting is None:
             paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
             # Likely the next call's too (same plugin): checked, and rewritten if not, when the call arrives.
             written = last_limits if paths and last_limits and cgroups.limit(paths, *last_limits) else ()
@@ -139,7 +161,7 @@ def _serve(ctl, sandbox):
                 ours.close()
                 remove(paths)
             else:
-                spare = (pid, ours, paths, shape, written)
+                spare = (pid, ours, paths, shape, written, False)
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
@@ -172,8 +194,12 @@ def _serve(ctl, sandbox):
                     box = spec["sandbox"]
                     limits = tuple(box.get("cgroup_limits") or ())
                     call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
+                    if spare is None and spare_program is not None and call_shape is not None and not draining:
+                        # Calls overlap (the spare went to the one before): the native program costs far less
+                        # than the python fork below, made for this call now.
+                        spare = native_spare_for(call_shape, limits)
                     if spare is not None:
-                        pid, sock, paths, spare_shape, spare_limits = spare
+                        pid, sock, paths, spare_shape, spare_limits, spare_native = spare
                         spare = None
                         try:
                             if os.waitpid(pid, os.WNOHANG)[0]:
@@ -196,7 +222,10 @@ def _serve(ctl, sandbox):
                                         to_send = [*to_send, netns[plugin]]
                                     else:
                                         make_netns_for = plugin
-                            raw = json.dumps(spec).encode()
+                            if spare_native:
+                                raw = native_spare.encode_call(spec, spec.get("netns"))
+                            else:
+                                raw = json.dumps(spec).encode()
                             send_call(sock, len(raw), to_send)
                             sock.sendall(raw)
                             if spare_shape is not None:  # its keeper reports the hook's status on this socket

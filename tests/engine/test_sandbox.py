@@ -21,7 +21,7 @@ from engine.home import Home
 from engine.invoke import invoke
 from engine.plugins.catalog import Catalog
 from engine.plugins.lint import lint_plugin
-from engine.process import runner, sandbox, warmstart
+from engine.process import native_spare, runner, sandbox, warmstart
 from engine.process.runner import HookCall, run_hook
 from engine.process.runtimes import resolve_tag
 
@@ -47,10 +47,12 @@ def home(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture(params=["warm", "cold", "worker-spawned"])
+@pytest.fixture(params=["warm", "cold", "cold-python-spare", "worker-spawned"])
 def mode(request, monkeypatch, home):
-    """warm: forked from the zygote; cold: exec'd by the spawner; worker-spawned: the fallback when the spawner is
-    unavailable (Popen from the worker, `sandbox.enter` as its preexec function).
+    """warm: forked from the zygote; cold: exec'd by the spawner, below its native spare (engine/process/native_spare.py)
+    once primed; cold-python-spare: the same without the native program (a machine without a C compiler);
+    worker-spawned: the fallback when the spawner is unavailable (Popen from the worker, `sandbox.enter` as its
+    preexec function).
 
     A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
     (engine/process/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
@@ -58,6 +60,7 @@ def mode(request, monkeypatch, home):
     covers)."""
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
     monkeypatch.setenv("LIBREFANG_SPAWNER", "0" if request.param == "worker-spawned" else "1")
+    monkeypatch.setenv(native_spare.SWITCH, "0" if request.param == "cold-python-spare" else "1")
     warmstart.shutdown()
     primer = home / "plugins" / "primer"
     (primer / "hooks").mkdir(parents=True, exist_ok=True)

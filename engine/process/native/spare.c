@@ -1,0 +1,537 @@
+/* librefang-spare: the cold-hook spawner's prepared spare, as a small static program instead of a fork of the
+ * python spawner (engine/process/native_spare.py starts it with posix_spawn and speaks to it; the python spare it
+ * replaces is engine/process/sandbox_spare.py `pre_enter` + engine/process/zygote_child.py `_prepared_spare`/`_exec`,
+ * and the keeper/init of engine/process/sandbox_tree.py). Same namespaces, same view, same limits, same messages and
+ * exit statuses; the process tree is keeper (this process) -> init (pid 1 of a new PID namespace) -> hook (pid 2).
+ *
+ * Why C: a python fork of the spawner costs its page tables and copy-on-write faults, three times per call (keeper,
+ * init, the hook before its exec); this program is a few pages (docs/architecture.md, "The sandbox").
+ *
+ * argv: WIRE parent_pid socket_fd user_ns(0|1) uid gid hide home_exists(0|1) [cgroup directory ...]
+ * The call arrives on socket_fd: one message whose data is the encoded call's length (4 bytes, big-endian) and whose
+ * SCM_RIGHTS carry stdin, stdout, stderr, the exec error pipe and, optionally, a network namespace; then the encoded
+ * call: NUL-terminated strings, a tag then its fields (engine/process/native_spare.py `encode_call`).
+ * Before its call, any failure makes the spare exit 0 (the spawner then forks on demand); after it, a failure is the
+ * hook's: "sandbox setup failed in the child: ..." on its stderr and exit status 126, or for exec the errno on the
+ * exec error pipe and 127.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/capability.h>
+
+#define WIRE "lfspare/1"
+#define SETUP_FAILED 126
+#define MAX_FDS 8
+#define MAX_CALL (1 << 20)
+#define MAX_ITEMS 4096
+
+static const char *hide = "";
+
+/* ---- small utilities ---------------------------------------------------------------------------------------- */
+
+static int under(const char *path, const char *top) {
+    size_t n = strlen(top);
+    while (n > 1 && top[n - 1] == '/') n--;
+    if (strncmp(path, top, n) != 0) return 0;
+    return path[n] == '\0' || path[n] == '/' || (n == 1 && top[0] == '/');
+}
+
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+static void close_all_but(int a, int b) { /* every fd >= 3 except a and b (-1: none) */
+    int keep[2] = {a < b ? a : b, a < b ? b : a};
+    unsigned int low = 3;
+    for (int i = 0; i < 2; i++) {
+        if (keep[i] < (int)low) continue;
+        if ((unsigned int)keep[i] > low && syscall(SYS_close_range, low, keep[i] - 1, 0) != 0)
+            for (int fd = low; fd < keep[i]; fd++) close(fd);
+        low = keep[i] + 1;
+    }
+    if (syscall(SYS_close_range, low, ~0U, 0) != 0)
+        for (int fd = low; fd < 65536; fd++) close(fd);
+}
+
+static pid_t wait_for(pid_t pid) {
+    int status;
+    for (;;) {
+        if (waitpid(pid, &status, 0) >= 0) return status;
+        if (errno != EINTR) return 0;
+    }
+}
+
+static void exit_like(int status) {
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none); /* mirror a SIGSEGV without dumping the keeper's core */
+        signal(sig, SIG_DFL);
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, sig);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+        kill(getpid(), sig);
+        _exit(128 + sig);
+    }
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+/* ---- failures after the call arrived: the hook's, reported on its stderr ------------------------------------- */
+
+static int call_stderr = -1;
+
+static void fail(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (call_stderr >= 0) {
+        char line[1200];
+        int n = snprintf(line, sizeof line, "sandbox setup failed in the child: %s\n", msg);
+        if (n > (int)sizeof line - 1) n = sizeof line - 1;
+        if (write(call_stderr, line, n) < 0) { /* nothing more to say */ }
+    }
+    _exit(SETUP_FAILED);
+}
+
+static void check(int rc, const char *what) {
+    if (rc != 0) fail("%s: %s", what, strerror(errno));
+}
+
+/* ---- the view: /sys (and with read_only every other mount) read-only -------------------------------------- */
+
+static void unescape(char *s) { /* mountinfo's octal escapes (\040 for a space), in place */
+    char *out = s;
+    for (char *p = s; *p;) {
+        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' && p[3] <= '7') {
+            *out++ = (char)(((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+            p += 4;
+        } else {
+            *out++ = *p++;
+        }
+    }
+    *out = '\0';
+}
+
+static int has_option(const char *options, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = options; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+static char *read_all(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    size_t cap = 16384, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) break;
+        if (len + 1 >= cap) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger) { free(buf); buf = NULL; break; }
+            buf = bigger;
+        }
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        len += n;
+    }
+    close(fd);
+    if (buf) buf[len] = '\0';
+    return buf;
+}
+
+/* Returns 0, or -1 with errno and *what set when "/" or /sys could not be made read-only (others: best effort). */
+static int read_only_mounts(int read_only, char **writable, int n_writable, int sys_only, const char **what) {
+    if (read_only && !sys_only) {
+        struct stat st;
+        for (int i = 0; i < n_writable; i++) /* own mounts, so that they stay writable when nothing else is */
+            if (stat(writable[i], &st) == 0 && S_ISDIR(st.st_mode) &&
+                mount(writable[i], writable[i], NULL, MS_BIND | MS_REC, NULL) != 0) {
+                *what = writable[i];
+                return -1;
+            }
+    }
+    char *info = read_all("/proc/self/mountinfo");
+    if (!info) { *what = "/proc/self/mountinfo"; return -1; }
+    static const struct { const char *name; unsigned long flag; } locked[] = {
+        {"nosuid", MS_NOSUID}, {"nodev", MS_NODEV}, {"noexec", MS_NOEXEC}, {"noatime", MS_NOATIME},
+        {"nodiratime", MS_NODIRATIME}, {"relatime", MS_RELATIME}, {"strictatime", MS_STRICTATIME}};
+    int rc = 0;
+    for (char *line = info; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        char *fields[6];
+        int nf = 0;
+        for (char *save = NULL, *f = strtok_r(line, " ", &save); f && nf < 6; f = strtok_r(NULL, " ", &save))
+            fields[nf++] = f;
+        line = next;
+        if (nf < 6) continue;
+        char *point = fields[4], *options = fields[5];
+        unescape(point);
+        if (under(point, "/proc") || under(point, "/dev")) continue;
+        if (!under(point, "/sys")) {
+            if (sys_only || !read_only) continue;
+            int keep = 0;
+            for (int i = 0; i < n_writable && !keep; i++) keep = under(point, writable[i]);
+            if (keep) continue;
+        }
+        if (has_option(options, "ro")) continue;
+        unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+        for (size_t i = 0; i < sizeof locked / sizeof locked[0]; i++)
+            if (has_option(options, locked[i].name)) flags |= locked[i].flag;
+        if (mount(NULL, point, NULL, flags, NULL) != 0 && (strcmp(point, "/") == 0 || strcmp(point, "/sys") == 0)) {
+            *what = strcmp(point, "/") == 0 ? "read-only /" : "read-only /sys";
+            rc = -1;
+            break;
+        }
+    }
+    free(info);
+    return rc;
+}
+
+/* ---- keeper and init ---------------------------------------------------------------------------------------- */
+
+static void keeper(pid_t init_pid, int status_r, int report_fd) {
+    close_all_but(status_r, report_fd);
+    int status = wait_for(init_pid);
+    int32_t reported;
+    fcntl(status_r, F_SETFL, O_NONBLOCK);
+    if (read(status_r, &reported, 4) == 4) status = reported; /* the hook's own wait status, reported by init */
+    int32_t out = status; /* init is gone, and with it every process of the namespace: the call is over */
+    if (write(report_fd, &out, 4) < 0) { /* the spawner gave up on the call */ }
+    exit_like(status);
+}
+
+static void empty_namespace(void) { /* kill(-1) reaches no process outside the namespace; reap until none is left */
+    for (;;) {
+        kill(-1, SIGKILL);
+        if (waitpid(-1, NULL, 0) < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+    }
+}
+
+static void init_loop(pid_t hook_pid, int status_w, int report_fd) {
+    close_all_but(status_w, report_fd);
+    int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            _exit(0);
+        }
+        if (pid == hook_pid) {
+            int32_t report = status;
+            empty_namespace(); /* then tell the spawner at once, a wake-up sooner than the keeper can */
+            if (write(report_fd, &report, 4) < 0) { /* gone */ }
+            if (write(status_w, &report, 4) < 0) { /* gone */ }
+            _exit(0);
+        }
+    }
+}
+
+static void become_init(int status_w) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    struct pollfd p = {status_w, POLLOUT, 0};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLERR | POLLHUP))) _exit(137); /* the keeper died before PDEATHSIG */
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) {
+        /* a kernel may refuse a new proc inside a user namespace: then no /proc rather than the service's */
+        if (mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k") != 0)
+            _exit(SETUP_FAILED);
+    } else {
+        if (mount("/proc/sys", "/proc/sys", NULL, MS_BIND | MS_REC, NULL) != 0) _exit(SETUP_FAILED);
+        mount(NULL, "/proc/sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+}
+
+/* ---- the call ------------------------------------------------------------------------------------------------ */
+
+struct call {
+    char *kept_path[64], *kept_real[64];
+    int n_kept;
+    char *writable[64];
+    int n_writable;
+    int read_only, new_net, netns_index;
+    int rl_resource[32];
+    long long rl_soft[32], rl_hard[32];
+    int n_rlimits;
+    char *cwd;
+    char *argv[MAX_ITEMS], *env[MAX_ITEMS];
+    int argc, envc;
+};
+
+static int read_exact(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        got += r;
+    }
+    return 0;
+}
+
+/* The call's descriptors and its encoded body; exits quietly (0) when the spawner drops the spare first. */
+static char *await_call(int sock, int *fds, int *n_fds, uint32_t *length) {
+    unsigned char header[4];
+    char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    struct iovec iov = {header, sizeof header};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+    if (n <= 0) _exit(0);
+    *n_fds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (int i = 0; i < count && *n_fds < MAX_FDS; i++) memcpy(&fds[(*n_fds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    if (n != 4 || (msg.msg_flags & MSG_CTRUNC)) _exit(0);
+    *length = ((uint32_t)header[0] << 24) | ((uint32_t)header[1] << 16) | ((uint32_t)header[2] << 8) | header[3];
+    if (*length == 0 || *length > MAX_CALL) _exit(0);
+    char *body = malloc(*length + 1);
+    if (!body || read_exact(sock, body, *length) != 0) _exit(0);
+    body[*length] = '\0';
+    close(sock);
+    return body;
+}
+
+static int parse_call(char *body, uint32_t length, struct call *c) {
+    char *items[MAX_ITEMS * 2 + 512];
+    int n = 0;
+    for (char *p = body; p < body + length && n < (int)(sizeof items / sizeof items[0]); p += strlen(p) + 1)
+        items[n++] = p;
+    memset(c, 0, sizeof *c);
+    c->netns_index = -1;
+    for (int i = 0; i < n;) {
+        const char *tag = items[i++];
+        int need = !strcmp(tag, "K") ? 2 : !strcmp(tag, "L") ? 3 : !strcmp(tag, "R") ? 0 : 1;
+        if (i + need > n) return -1;
+        if (!strcmp(tag, "K") && c->n_kept < 64) {
+            c->kept_path[c->n_kept] = items[i];
+            c->kept_real[c->n_kept++] = items[i + 1];
+        } else if (!strcmp(tag, "W") && c->n_writable < 64) {
+            c->writable[c->n_writable++] = items[i];
+        } else if (!strcmp(tag, "R")) {
+            c->read_only = 1;
+        } else if (!strcmp(tag, "N")) {
+            c->new_net = 1;
+            c->netns_index = atoi(items[i]);
+        } else if (!strcmp(tag, "L") && c->n_rlimits < 32) {
+            c->rl_resource[c->n_rlimits] = atoi(items[i]);
+            c->rl_soft[c->n_rlimits] = strtoll(items[i + 1], NULL, 10);
+            c->rl_hard[c->n_rlimits++] = strtoll(items[i + 2], NULL, 10);
+        } else if (!strcmp(tag, "C")) {
+            c->cwd = items[i];
+        } else if (!strcmp(tag, "A") && c->argc < MAX_ITEMS - 1) {
+            c->argv[c->argc++] = items[i];
+        } else if (!strcmp(tag, "E") && c->envc < MAX_ITEMS - 1) {
+            c->env[c->envc++] = items[i];
+        } else {
+            return -1;
+        }
+        i += need;
+    }
+    return c->argc > 0 && c->cwd ? 0 : -1;
+}
+
+static void make_dirs(const char *path) { /* os.makedirs(path, exist_ok=True), in the tmpfs covering the home */
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return;
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    mkdir(buf, 0755);
+}
+
+/* The call's part of the view (the home's kept directories bound back, read-only mounts, network), then the hook's
+ * own limits, stdio and exec. */
+static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
+    if (n_fds < 4) _exit(0);
+    call_stderr = fds[2];
+    int exec_error;
+    struct stat st;
+    if (home_fd < 0 && hide[0] && stat(hide, &st) == 0 && S_ISDIR(st.st_mode))
+        fail("%s appeared after this sandbox was prepared: not covered", hide);
+    if (home_fd >= 0) {
+        int kept_fd[64];
+        for (int i = 0; i < c->n_kept; i++) {
+            const char *real = c->kept_real[i];
+            if (under(real, hide)) { /* reached through the covered home, as `enter` opens it before covering */
+                const char *rel = real + strlen(hide);
+                while (*rel == '/') rel++;
+                kept_fd[i] = openat(home_fd, *rel ? rel : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+            } else { /* a linked plugin directory outside the home */
+                kept_fd[i] = open(real, O_PATH | O_DIRECTORY | O_CLOEXEC);
+            }
+            if (kept_fd[i] < 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), real);
+        }
+        close(home_fd);
+        for (int i = 0; i < c->n_kept; i++) {
+            char source[64];
+            snprintf(source, sizeof source, "/proc/self/fd/%d", kept_fd[i]);
+            make_dirs(c->kept_path[i]);
+            if (mount(source, c->kept_path[i], NULL, MS_BIND | MS_REC, NULL) != 0)
+                fail("mount %s: %s", c->kept_path[i], strerror(errno));
+            close(kept_fd[i]);
+        }
+        if (mount(NULL, hide, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)
+            fail("mount %s: %s", hide, strerror(errno));
+    }
+    if (c->read_only) {
+        const char *what = NULL;
+        if (read_only_mounts(1, c->writable, c->n_writable, 0, &what) != 0) fail("%s: %s", what, strerror(errno));
+    }
+    if (c->new_net) {
+        if (c->netns_index >= 0) { /* the plugin's own empty network namespace, kept by the spawner */
+            if (c->netns_index >= n_fds) fail("setns(CLONE_NEWNET): no namespace passed");
+            check(setns(fds[c->netns_index], CLONE_NEWNET), "setns(CLONE_NEWNET)");
+            close(fds[c->netns_index]);
+        } else {
+            check(unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)");
+        }
+    }
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    /* stdio: every descriptor moved out of the way first, then the call's pipes as 0-2, the exec error pipe kept
+     * (closed by the exec), nothing else */
+    int moved[4];
+    for (int i = 0; i < 4; i++)
+        if ((moved[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 10)) < 0) fail("stdio: %s", strerror(errno));
+    for (int i = 0; i < 3; i++)
+        if (dup2(moved[i], i) < 0) fail("stdio: %s", strerror(errno));
+    exec_error = moved[3];
+    call_stderr = 2;
+    close_all_but(exec_error, -1);
+    /* the hook's own limits, no capabilities now or after exec, no setuid gains, then its directory */
+    for (int i = 0; i < c->n_rlimits; i++) {
+        struct rlimit rl = {(rlim_t)c->rl_soft[i], (rlim_t)c->rl_hard[i]};
+        check(setrlimit(c->rl_resource[i], &rl), "setrlimit");
+    }
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    char *status = read_all("/proc/self/status");
+    char *capeff = status ? strstr(status, "\nCapEff:") : NULL;
+    int capable = capeff ? strtoull(capeff + 8, NULL, 16) != 0 : geteuid() == 0;
+    free(status);
+    if (capable) {
+        for (int cap = 0; cap < 64; cap++)
+            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno == EINVAL) break;
+        struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct data[2];
+        memset(data, 0, sizeof data);
+        check((int)syscall(SYS_capset, &header, data), "capset");
+    }
+    if (chdir(c->cwd) != 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), c->cwd);
+    c->argv[c->argc] = NULL;
+    c->env[c->envc] = NULL;
+    execve(c->argv[0], c->argv, c->env);
+    char code[16];
+    int n = snprintf(code, sizeof code, "%d", errno);
+    if (write(exec_error, code, n) < 0) { /* the worker is gone */ }
+    _exit(127);
+}
+
+/* ---- ahead of the call: the spare ---------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    if (argc < 9 || strcmp(argv[1], WIRE) != 0) return 2;
+    pid_t parent = (pid_t)atoi(argv[2]);
+    int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
+    hide = argv[7];
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* the spawner's ignored signals are inherited */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    close_all_but(sock, -1);
+    for (int i = 9; i < argc; i++) { /* first: everything this process starts is counted */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]);
+        if (write_file(path, "0") != 0) _exit(0);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != parent) _exit(137);
+    if (unshare(CLONE_NEWNS | CLONE_NEWPID | (user_ns ? CLONE_NEWUSER : 0)) != 0) _exit(0);
+    if (user_ns) {
+        char map[64];
+        if (write_file("/proc/self/setgroups", "deny") != 0) _exit(0);
+        snprintf(map, sizeof map, "%s %s 1", argv[5], argv[5]);
+        if (write_file("/proc/self/uid_map", map) != 0) _exit(0);
+        snprintf(map, sizeof map, "%s %s 1", argv[6], argv[6]);
+        if (write_file("/proc/self/gid_map", map) != 0) _exit(0);
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(0); /* nothing here reaches the service */
+    int home_fd = -1;
+    if (home_exists) {
+        /* the home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here */
+        home_fd = open(hide, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (home_fd < 0 || mount("tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0) _exit(0);
+    }
+    const char *what = NULL;
+    if (read_only_mounts(0, NULL, 0, 1, &what) != 0) _exit(0);
+    int status_pipe[2];
+    if (pipe2(status_pipe, O_CLOEXEC) != 0) _exit(0);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    pid_t init_pid = fork();
+    if (init_pid < 0) _exit(0);
+    if (init_pid) {
+        close(status_pipe[1]);
+        keeper(init_pid, status_pipe[0], sock);
+    }
+    close(status_pipe[0]);
+    become_init(status_pipe[1]);
+    pid_t hook_pid = fork();
+    if (hook_pid < 0) _exit(SETUP_FAILED);
+    if (hook_pid) init_loop(hook_pid, status_pipe[1], sock);
+    close(status_pipe[1]);
+    int fds[MAX_FDS], n_fds;
+    uint32_t length;
+    char *body = await_call(sock, fds, &n_fds, &length);
+    struct call *c = calloc(1, sizeof *c);
+    if (!c) _exit(0);
+    if (parse_call(body, length, c) != 0) {
+        call_stderr = n_fds > 2 ? fds[2] : -1;
+        fail("the call could not be read");
+    }
+    run_call(c, fds, n_fds, home_fd);
+    return 0;
+}

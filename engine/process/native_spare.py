@@ -1,0 +1,73 @@
+"""The cold-hook spawner's prepared spare as a small static program (engine/process/native/spare.c, built by
+`make setup` into engine/process/native/librefang-spare) instead of a fork of the python spawner: started with
+posix_spawn (no page tables copied), it enters the call's namespaces ahead of the call as
+engine/process/sandbox_spare.py `pre_enter` does, and its keeper, init and the hook before its exec are C processes of
+a few pages instead of three forks of a python interpreter (bench/README.md, "Cold hooks without python forks").
+
+Used by engine/process/zygote_serve.py in exec mode only (a warm hook runs python in its process, so it stays a fork
+of the zygote), for spares whose sandbox shape is known. Without the program (no C compiler at setup, a stale build,
+or LIBREFANG_NATIVE_SPARE=0 in the worker's environment) the python spare does the same work. Stdlib only, like
+engine/process/sandbox.py.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+WIRE = "lfspare/1"  # the program refuses another (a build from other sources): the python spare is used then
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(_HERE, "native", "spare.c")
+PROGRAM = os.path.join(_HERE, "native", "librefang-spare")
+SWITCH = "LIBREFANG_NATIVE_SPARE"  # "0" turns it off; the spawner gets it from the worker's environment
+
+
+def program(environ=None) -> str | None:
+    """The program's path when it can be used: built, executable, and not older than its source."""
+    if (os.environ if environ is None else environ).get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        built = os.stat(PROGRAM)
+        if not os.access(PROGRAM, os.X_OK) or built.st_mtime < os.stat(SOURCE).st_mtime:
+            return None
+    except OSError:
+        return None
+    return PROGRAM
+
+
+def spawn(path: str, sock, shape: tuple, cgroups: tuple) -> int:
+    """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
+    in a session of its own, joining `cgroups` first. Returns its pid; raises OSError."""
+    user_ns, uid, gid, hide, home_exists = shape
+    fd = sock.fileno()
+    os.set_inheritable(fd, True)
+    try:
+        argv = [path, WIRE, str(os.getpid()), str(fd), "1" if user_ns else "0", str(uid), str(gid), hide or "",
+                "1" if home_exists else "0", *cgroups]
+        return os.posix_spawn(path, argv, {}, setsid=True)
+    finally:
+        os.set_inheritable(fd, False)
+
+
+def encode_call(call: dict, netns_index: int | None) -> bytes:
+    """The call as the program reads it: NUL-terminated strings, each tag followed by its fields. OSError for a
+    string with a NUL byte (it would shift the fields: the call then goes to a python child, which refuses it)."""
+    box = call["sandbox"]
+    items = []
+    for path, real in call.get("kept", []):
+        items += ["K", path, real]
+    if box.get("read_only"):
+        items.append("R")
+        for path in box.get("writable", ()):
+            items += ["W", path]
+    if box.get("new_net"):
+        items += ["N", str(-1 if netns_index is None else netns_index)]
+    for name, soft, hard in box.get("rlimits", ()):
+        items += ["L", str(getattr(resource, name)), str(soft), str(hard)]
+    items += ["C", box["cwd"]]
+    items += [x for arg in call["argv"] for x in ("A", arg)]
+    items += [x for key, value in box.get("env", {}).items() for x in ("E", f"{key}={value}")]
+    raw = [os.fsencode(item) for item in items]
+    if any(b"\0" in item for item in raw):
+        raise OSError("a NUL byte in the call")
+    return b"".join(item + b"\0" for item in raw)

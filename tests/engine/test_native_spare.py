@@ -1,0 +1,129 @@
+"""The cold-hook spawner's native spare (engine/process/native_spare.py, engine/process/native/spare.c): once the
+spawner has seen the service's sandbox shape, cold hooks run below the C program, and a hook cannot tell it from the
+python spare it replaces. The hostile-hook tests of tests/engine/test_sandbox.py run against both (`mode`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.process import native_spare, sandbox, warmstart
+from engine.process.runner import HookCall, run_hook
+from engine.process.runtimes import resolve_tag
+from tests.engine.test_warmstart import PROBE
+
+pytestmark = [pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests"),
+              pytest.mark.usefixtures("fresh_zygotes")]
+
+# pid 1 of the hook's namespace is its init: the native program, or a fork of the python spawner.
+INIT_PROBE = "import sys\nsys.stdin.read()\nprint(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+
+
+@pytest.fixture
+def program():
+    """The built program; a machine with a C compiler must have it (`make setup` builds it)."""
+    path = native_spare.program()
+    if path is None:
+        if shutil.which(os.environ.get("CC", "cc")):
+            pytest.fail("engine/process/native/librefang-spare is missing or older than spare.c: run `make setup`")
+        pytest.skip("no C compiler: cold hooks use the python spare")
+    return path
+
+
+def _plugin(home: Path, source: str) -> Path:
+    pdir = home / "plugins" / "probe"
+    (pdir / "hooks").mkdir(parents=True, exist_ok=True)
+    (pdir / "hooks" / "hook.py").write_text(source)
+    return pdir
+
+
+def _cold(monkeypatch, native: bool, pdir: Path, home: Path, **kw):
+    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+    monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
+    call = HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+                    request={"agent_id": "a1", "message": "hi"}, timeout_secs=30,
+                    data_dir=home / "plugin_data" / "probe", home_dir=home, **kw)
+    return run_hook(call)
+
+
+def test_cold_hooks_run_below_the_native_program_once_the_shape_is_known(tmp_path, monkeypatch, program):
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, INIT_PROBE)
+    inits = []
+    for _ in range(4):
+        r = _cold(monkeypatch, True, pdir, home)
+        assert r.ok, (r.failure, r.stderr)
+        inits.append(r.stdout.strip())
+    # the spawner's first spare is a plain fork (no shape seen yet); the ones made after a call are the program
+    assert inits[0] != program and inits[2:] == [program, program], inits
+    warmstart.shutdown()
+    for _ in range(3):
+        r = _cold(monkeypatch, False, pdir, home)
+        assert r.ok, (r.failure, r.stderr)
+        assert r.stdout.strip() != program
+
+
+@pytest.mark.parametrize("call_kw", [{}, {"max_memory_mb": 512, "max_cpu_secs": 7, "allow_network": False},
+                                     {"allow_network": True, "plugin_env": {"LANG": "C.UTF-8", "X": "a b=c"}}],
+                         ids=["defaults", "limits-no-network", "network-env"])
+def test_a_hook_gets_the_same_process_from_the_native_and_the_python_spare(tmp_path, monkeypatch, program,
+                                                                             call_kw):
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, PROBE)
+    (home / "api_token").write_text("secret")  # a home to cover
+    states = {}
+    for native in (True, False):
+        warmstart.shutdown()
+        for _ in range(3):  # the last calls run in prepared spares
+            r = _cold(monkeypatch, native, pdir, home, **call_kw)
+            assert r.ok, (r.failure, r.stderr)
+        state = dict(r.reply)
+        netns = state.pop("netns")
+        assert (netns == os.readlink("/proc/self/ns/net")) is (call_kw.get("allow_network") is not False)
+        states[native] = state
+    assert states[True] == states[False]
+
+
+def test_an_exec_failure_is_reported_as_from_the_python_spare(tmp_path, monkeypatch, program):
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, "print('{}')\n")
+    (pdir / "hooks" / "tool").write_text("#!/nonexistent/interpreter\n")
+    (pdir / "hooks" / "tool").chmod(0o755)
+    outcomes = {}
+    for native in (True, False):
+        warmstart.shutdown()
+        monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+        monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
+        results = [run_hook(HookCall(plugin_dir=pdir, script="hooks/tool", runtime=resolve_tag("native"),
+                                     request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe",
+                                     home_dir=home)) for _ in range(3)]
+        outcomes[native] = [(r.ok, r.failure) for r in results]
+    assert not any(ok for ok, _ in outcomes[True])
+    assert outcomes[True] == outcomes[False]
+
+
+def test_the_call_is_encoded_field_by_field_and_a_nul_byte_is_refused():
+    call = {"argv": ["/bin/echo", "hi"], "kept": [["/h/p", "/real/p"]],
+            "sandbox": {"cwd": "/h/p", "env": {"A": "1", "B": ""}, "rlimits": [["RLIMIT_NOFILE", 64, 64]],
+                        "new_net": True, "read_only": True, "writable": ["/w"]}}
+    fields = native_spare.encode_call(call, 4).split(b"\0")
+    assert fields == [b"K", b"/h/p", b"/real/p", b"R", b"W", b"/w", b"N", b"4", b"L", b"7", b"64", b"64",
+                      b"C", b"/h/p", b"A", b"/bin/echo", b"A", b"hi", b"E", b"A=1", b"E", b"B=", b""]
+    call["sandbox"]["env"]["C"] = "x\0K"
+    with pytest.raises(OSError):  # the spawner then forks a python child, which refuses it as a spawn would
+        native_spare.encode_call(call, None)
+
+
+def test_a_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, program):
+    newer = tmp_path / "spare.c"
+    newer.write_text("// edited after the build\n")
+    os.utime(newer, (os.stat(program).st_mtime + 10,) * 2)
+    monkeypatch.setattr(native_spare, "SOURCE", str(newer))
+    assert native_spare.program() is None
+    assert native_spare.program({native_spare.SWITCH: "0"}) is None
+    other = subprocess.run([program, "lfspare/0", str(os.getpid()), "0", "0", "0", "0", "", "0"], timeout=10)
+    assert other.returncode == 2  # another wire: refused before anything (the spawner forks on demand instead)
