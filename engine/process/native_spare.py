@@ -16,6 +16,7 @@ import os
 import resource
 
 WIRE = "lfspare/1"  # the program refuses another (a build from other sources): the python spare is used then
+READY = b"R"  # what the program says once the sandbox is prepared, before it waits for its call
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "native", "spare.c")
 PROGRAM = os.path.join(_HERE, "native", "librefang-spare")
@@ -23,9 +24,13 @@ SWITCH = "LIBREFANG_NATIVE_SPARE"  # "0" turns it off; the spawner gets it from 
 
 
 def program(environ=None) -> str | None:
-    """The program's path when it can be used: built, executable, and not older than its source."""
-    if (os.environ if environ is None else environ).get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    """The program's path when it can be used: built, executable, and not older than its source. SWITCH set to a
+    path names another build of it (tests use one that fails)."""
+    switch = (os.environ if environ is None else environ).get(SWITCH, "1").strip()
+    if switch.lower() in ("0", "false", "no", "off"):
         return None
+    if switch not in ("1", "true", "yes", "on", ""):
+        return switch if os.access(switch, os.X_OK) else None
     try:
         built = os.stat(PROGRAM)
         if not os.access(PROGRAM, os.X_OK) or built.st_mtime < os.stat(SOURCE).st_mtime:
@@ -47,6 +52,19 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple) -> int:
         return os.posix_spawn(path, argv, {}, setsid=True)
     finally:
         os.set_inheritable(fd, False)
+
+
+def wait_ready(sock, timeout: float) -> bool:
+    """Whether the spare on `sock` has prepared the sandbox (its READY byte), waiting up to `timeout` seconds: a
+    spare made for a call that is already here can still fail, and the call must then go to a python child rather
+    than to a spare that exits without running it."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == READY
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
 
 
 def encode_call(call: dict, netns_index: int | None) -> bytes:

@@ -18,6 +18,8 @@ from .zygote_wire import HEADER, recv_call, recv_exact, send_call, send_line
 
 _SIGKILL = 9
 _SPEC_TIMEOUT_SECS = 10.0
+_NATIVE_READY_SECS = 2.0  # a native spare made for a waiting call prepares in a few ms; past this, a python child
+_NATIVE_GIVE_UP = 3  # native spares failing in a row: this spawner stops starting them
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
 
 
@@ -52,6 +54,7 @@ def _serve(ctl, sandbox, spare_program=None):
     leftover = []  # cgroups still busy when their call was reaped
     netns = {}  # plugin directory -> descriptor of its empty network namespace (sandbox.make_netns), newest last
     cgroups = sandbox.cgroups if sandbox is not None else None
+    native_failures = 0  # native spares in a row that never said they were ready
 
     def in_child():
         sel.close()
@@ -202,10 +205,17 @@ def _serve(ctl, sandbox, spare_program=None):
                         pid, sock, paths, spare_shape, spare_limits, spare_native = spare
                         spare = None
                         try:
-                            if os.waitpid(pid, os.WNOHANG)[0]:
-                                raise OSError("the spare child died")
                             if spare_shape is not None and spare_shape != call_shape:
                                 raise OSError("the spare entered namespaces of another shape")
+                            if spare_native:
+                                if not native_spare.wait_ready(sock, _NATIVE_READY_SECS):
+                                    native_failures += 1
+                                    if native_failures >= _NATIVE_GIVE_UP:  # python spares from now on
+                                        spare_program = None
+                                    raise OSError("the native spare could not prepare the sandbox")
+                                native_failures = 0
+                            if os.waitpid(pid, os.WNOHANG)[0]:
+                                raise OSError("the spare child died")
                             if spare_limits and not limits:
                                 raise OSError("the spare's cgroup has limits this call does not")
                             if limits and limits != spare_limits and not cgroups.limit(paths, *limits):

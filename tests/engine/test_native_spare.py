@@ -127,3 +127,23 @@ def test_a_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, program):
     assert native_spare.program({native_spare.SWITCH: "0"}) is None
     other = subprocess.run([program, "lfspare/0", str(os.getpid()), "0", "0", "0", "0", "", "0"], timeout=10)
     assert other.returncode == 2  # another wire: refused before anything (the spawner forks on demand instead)
+
+
+@pytest.mark.parametrize("failure", ["exit 0", "exit 3", "exec sleep 30"], ids=["exits", "fails", "hangs-until-killed"])
+def test_a_native_spare_that_cannot_prepare_leaves_the_call_to_a_python_child(tmp_path, monkeypatch, program,
+                                                                               failure):
+    broken, started = tmp_path / "broken-spare", tmp_path / "started"
+    broken.write_text(f"#!/bin/sh\necho >> {started}\n{failure}\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv(native_spare.SWITCH, str(broken))
+    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, INIT_PROBE)
+    call = HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+                    request={"agent_id": "a1", "message": "hi"}, timeout_secs=30,
+                    data_dir=home / "plugin_data" / "probe", home_dir=home)
+    for _ in range(7):  # the first call shows the shape; the next ones find a spare that never says it is ready
+        r = run_hook(call)
+        assert r.ok, (r.failure, r.stderr)
+        assert r.stdout.strip() not in (program, str(broken))
+    assert len(started.read_text().splitlines()) <= 4  # after 3 failures in a row the spawner stopped trying

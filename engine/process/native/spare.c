@@ -11,7 +11,8 @@
  * The call arrives on socket_fd: one message whose data is the encoded call's length (4 bytes, big-endian) and whose
  * SCM_RIGHTS carry stdin, stdout, stderr, the exec error pipe and, optionally, a network namespace; then the encoded
  * call: NUL-terminated strings, a tag then its fields (engine/process/native_spare.py `encode_call`).
- * Before its call, any failure makes the spare exit 0 (the spawner then forks on demand); after it, a failure is the
+ * The hook's process says READY on the socket once the sandbox is prepared, before it waits for the call.
+ * Before that, any failure makes the spare exit 0 (the spawner then forks on demand); after it, a failure is the
  * hook's: "sandbox setup failed in the child: ..." on its stderr and exit status 126, or for exec the errno on the
  * exec error pipe and 127.
  */
@@ -38,6 +39,7 @@
 #include <linux/capability.h>
 
 #define WIRE "lfspare/1"
+#define READY "R" /* never the first byte of a wait status (low byte: 0, or a signal below 65) */
 #define SETUP_FAILED 126
 #define MAX_FDS 8
 #define MAX_CALL (1 << 20)
@@ -523,6 +525,8 @@ int main(int argc, char **argv) {
     if (hook_pid < 0) _exit(SETUP_FAILED);
     if (hook_pid) init_loop(hook_pid, status_pipe[1], sock);
     close(status_pipe[1]);
+    /* ready: the spawner sends the call only now (a spare that failed before this is replaced by a python child) */
+    if (write(sock, READY, 1) != 1) _exit(0);
     int fds[MAX_FDS], n_fds;
     uint32_t length;
     char *body = await_call(sock, fds, &n_fds, &length);
