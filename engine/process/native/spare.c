@@ -64,9 +64,8 @@ static int write_file(const char *path, const char *text) {
     return n == (ssize_t)strlen(text) ? 0 : -1;
 }
 
-static void close_all_but(int a, int b) { /* every fd >= 3 except a and b (-1: none) */
+static void close_all_but(unsigned int low, int a, int b) { /* every fd >= low except a and b (-1: none) */
     int keep[2] = {a < b ? a : b, a < b ? b : a};
-    unsigned int low = 3;
     for (int i = 0; i < 2; i++) {
         if (keep[i] < (int)low) continue;
         if ((unsigned int)keep[i] > low && syscall(SYS_close_range, low, keep[i] - 1, 0) != 0)
@@ -225,7 +224,7 @@ static int read_only_mounts(int read_only, char **writable, int n_writable, int 
 /* ---- keeper and init ---------------------------------------------------------------------------------------- */
 
 static void keeper(pid_t init_pid, int status_r, int report_fd) {
-    close_all_but(status_r, report_fd);
+    close_all_but(0, status_r, report_fd); /* the spawner's stdio too: the keeper holds nothing of anyone's */
     int status = wait_for(init_pid);
     int32_t reported;
     fcntl(status_r, F_SETFL, O_NONBLOCK);
@@ -246,7 +245,7 @@ static void empty_namespace(void) { /* kill(-1) reaches no process outside the n
 }
 
 static void init_loop(pid_t hook_pid, int status_w, int report_fd) {
-    close_all_but(status_w, report_fd);
+    close_all_but(0, status_w, report_fd);
     int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
     for (;;) {
@@ -444,7 +443,7 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
         if (dup2(moved[i], i) < 0) fail("stdio: %s", strerror(errno));
     exec_error = moved[3];
     call_stderr = 2;
-    close_all_but(exec_error, -1);
+    close_all_but(3, exec_error, -1);
     /* the hook's own limits, no capabilities now or after exec, no setuid gains, then its directory */
     for (int i = 0; i < c->n_rlimits; i++) {
         struct rlimit rl = {(rlim_t)c->rl_soft[i], (rlim_t)c->rl_hard[i]};
@@ -484,7 +483,7 @@ int main(int argc, char **argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    close_all_but(sock, -1);
+    close_all_but(3, sock, -1);
     for (int i = 9; i < argc; i++) { /* first: everything this process starts is counted */
         char path[4096];
         snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]);
