@@ -389,3 +389,21 @@ def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
     assert result.ok, result.failure
     assert result.reply == {"warm": True} and _served() == {zygote: 2}
     assert warmstart.zygote_pids() == [zygote]
+
+
+def test_a_hook_prepared_ahead_of_its_call_gets_the_same_process(tmp_path, monkeypatch):
+    # From the second call on, the zygote's spare has entered the sandbox and rehearsed the hook's start before the
+    # call came (engine/process/warmstart_zygote.py `_rehearse`): none of that shows.
+    pdir = _plugin(tmp_path, PROBE.replace('"req": req,', '"req": req, "modules": sorted(sys.modules),'))
+    cold = _run(_call(pdir), False, monkeypatch)
+    assert cold.ok, cold.failure
+    expected = dict(cold.reply)
+    expected.pop("modules")
+    for _ in range(3):
+        warm = _run(_call(pdir), True, monkeypatch)
+        assert warm.ok, (warm.failure, warm.stderr)
+        state = dict(warm.reply)
+        modules = state.pop("modules")
+        assert state == expected
+        assert not [m for m in modules if m.startswith("librefang")]
+        assert not [k for k in state["env"] if "REHEARSAL" in k]
