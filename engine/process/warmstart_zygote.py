@@ -51,6 +51,9 @@ def _stdlib_dirs():
 # write to every page they are on.
 _SANDBOX_MODULES = []
 _POPPED = []
+# In a hook prepared ahead of its call (zygote_child.py `_prepared_spare`): the signal that tells its init it is done
+# (engine/process/sandbox_tree.py HOOK_DONE); only pid 2 of its own PID namespace sends it, to its init.
+_DONE_SIGNAL = []
 
 
 def _pop_sandbox_modules():
@@ -322,6 +325,14 @@ def _finalize(status, main, forked_modules, interrupted):
         import signal
         signal.signal(_SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), _SIGINT)
+    if status == 0 and _DONE_SIGNAL and os.getpid() == 2 and os.getppid() == 1:
+        # Our own init (engine/process/sandbox_tree.py `_init`): done, exit 0. Its report goes out while the kernel
+        # frees this process's memory; the worker sees our stdio closed now rather than after that.
+        os.closerange(0, 3)
+        try:
+            os.kill(1, _DONE_SIGNAL[0])
+        except OSError:
+            pass
     os._exit(status)
 
 
@@ -361,6 +372,8 @@ def _main(exec_mode=False):
         else:  # a spare that entered its namespaces ahead of its call
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
                                                       None if exec_mode else lambda: _rehearse(sandbox))
+            if not exec_mode:
+                _DONE_SIGNAL.append(_child.HOOK_DONE)
         if "argv" not in spec:
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
