@@ -73,28 +73,13 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
     has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
     sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first).
 
-    Init there also takes the hook's word that it is done (HOOK_DONE): it kills every process of the namespace at
+    Init also takes the hook's word that it is done (HOOK_DONE): it kills every process of the namespace at
     once, the hook included, and when the hook was the only one left (its /proc), reports exit 0 without waiting
     for the kernel to free the hook's memory (about a millisecond for a fork of the zygote, bench/README.md). The
     hook cannot run again, and nothing else is left; a hook could as well have exited 0 itself."""
     _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    if report_fd is not None:
-        _init_reporting(hook_pid, status_w, report_fd)
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(0)
-        if pid == hook_pid:
-            _report(status, status_w, report_fd)
-
-
-def _init_reporting(hook_pid: int, status_w: int, report_fd: int) -> None:
-    """`_init` with a report channel: waits for its children's exits and the hook's HOOK_DONE alike. Never returns."""
     waited = {signal.SIGCHLD, HOOK_DONE}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # queued, not lost: init ignores what it does not handle
     while True:

@@ -51,8 +51,8 @@ def _stdlib_dirs():
 # write to every page they are on.
 _SANDBOX_MODULES = []
 _POPPED = []
-# In a hook prepared ahead of its call (zygote_child.py `_prepared_spare`): the signal that tells its init it is done
-# (engine/process/sandbox_tree.py HOOK_DONE); only pid 2 of its own PID namespace sends it, to its init.
+# The signal that tells a python hook's init it is done (engine/process/sandbox_tree.py HOOK_DONE): sent only by pid 2
+# of its own PID namespace, to its init (pid 1).
 _DONE_SIGNAL = []
 
 
@@ -372,9 +372,8 @@ def _main(exec_mode=False):
         else:  # a spare that entered its namespaces ahead of its call
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
                                                       None if exec_mode else lambda: _rehearse(sandbox))
-            if not exec_mode:
-                _DONE_SIGNAL.append(_child.HOOK_DONE)
         if "argv" not in spec:
+            _DONE_SIGNAL.append(_child.HOOK_DONE)
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _child._die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)

@@ -410,8 +410,9 @@ def test_a_hook_prepared_ahead_of_its_call_gets_the_same_process(tmp_path, monke
 
 
 def test_a_hook_that_says_it_is_done_is_held_to_it(tmp_path, monkeypatch):
-    # A prepared hook tells its init "done, exit 0" (HOOK_DONE) as it exits (warmstart_zygote.py `_finalize`); one
-    # that says so and goes on is killed there and then: the call ends with what it wrote, nothing left running.
+    # A warm hook tells its init "done, exit 0" (HOOK_DONE) as it exits (warmstart_zygote.py `_finalize`); one that
+    # says so and goes on is killed there and then: the call ends with what it wrote, nothing left running. The first
+    # call is forked on demand or from a plain spare, the next ones from spares prepared ahead.
     pdir = _plugin(tmp_path, """
         import json, os, signal, sys, time
         sys.stdin.read()
@@ -422,7 +423,7 @@ def test_a_hook_that_says_it_is_done_is_held_to_it(tmp_path, monkeypatch):
         print(json.dumps({"said": "more"}), flush=True)
     """)
     (pdir / "first.py").write_text(WARM_PROBE)
-    assert _run(_call(pdir, "first.py"), True, monkeypatch).ok  # the next calls find a spare prepared ahead
+    assert _run(_call(pdir, "first.py"), True, monkeypatch).ok
     for _ in range(3):
         result = _run(_call(pdir, timeout_secs=30), True, monkeypatch)
         assert result.ok, (result.failure, result.stderr)
