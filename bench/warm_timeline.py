@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.run import REFLECT_PY, DirectSpawn, EngineDirect, pct, write_plugins  # noqa: E402
+from bench.run import REFLECT_PY, DirectSpawn, EngineDirect, own_cpu_ms, pct, write_plugins  # noqa: E402
 from engine.process import hook_io, warmstart, zygote_client  # noqa: E402
 
 PROBE_HOOK = """import time, os
@@ -329,14 +329,17 @@ def main() -> int:
             timeline(engine, spawn, calls, root, spawn_too)
             return 0
         warm, direct = [], []
+        cpu = 0.0
         for _ in range(calls):
             if spawn_too:
                 direct.append(spawn.once())
+            before = own_cpu_ms()
             warm.append(engine.once("bench_py", True))
+            cpu += own_cpu_ms() - before
         line = f"load {os.getloadavg()[0]:.2f}  warm p50 {pct(warm, 50):.2f} p95 {pct(warm, 95):.2f} ms"
         if direct:
             line += f"  direct p50 {pct(direct, 50):.2f} ms  ratio {pct(warm, 50) / pct(direct, 50):.3f}"
-        print(line, flush=True)
+        print(line + f"  warm CPU/call {cpu / calls:.2f} ms (all processes)", flush=True)
     finally:
         warmstart.shutdown()
         shutil.rmtree(root, ignore_errors=True)

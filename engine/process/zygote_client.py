@@ -201,7 +201,7 @@ class Zygote:
         `stdin` (the request) goes into the stdin pipe before the call is handed over, as much as the pipe holds
         (`WarmProcess.stdin_written`; the caller writes the rest): the hook does not wait for our next wake-up to
         read it."""
-        call = {"sandbox": json.loads(sandbox.to_json())}
+        call = {"sandbox": dict(vars(sandbox))}  # its fields (a flat dataclass): the JSON of SandboxSpec.to_json
         call.update({"argv": list(argv)} if argv is not None else {"script": script, "launcher": self.launcher})
         spec = json.dumps(call).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
