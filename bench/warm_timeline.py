@@ -2,6 +2,9 @@
 
     python bench/warm_timeline.py [calls] [--no-spawn]     p50/p95 of warm `engine.invoke` against direct spawns
     python bench/warm_timeline.py [calls] --timeline       the steps of each warm call, p50 per step (needs perf)
+        --faults     the hook's page faults per step and by mapping of the zygote (--stacks: with call chains,
+                     perf data kept in $TMPDIR/warm_timeline_faults.data)
+        --syscalls   the median call's syscalls, hook and init
 
 Runs `engine.invoke.invoke` of the bench's python hook (bench/run.py `write_plugins`: tests/fixtures/wasm/reflect.py)
 with warm start, interleaved with direct spawns of the same hook as bench/run.py's "direct" phase does.
@@ -50,6 +53,7 @@ PERF_EVENTS = [
     ("syscalls:sys_enter_sendmsg", None),
     ("syscalls:sys_enter_read", "fd == 0"),
 ]
+STACKS_DATA = Path(tempfile.gettempdir()) / "warm_timeline_faults.data"
 SYSCALL_EVENTS = [("raw_syscalls:sys_enter", None), ("raw_syscalls:sys_exit", None)]
 
 
@@ -165,9 +169,9 @@ def timeline(engine: EngineDirect, spawn: DirectSpawn, calls: int, work: Path, s
     perf.send_signal(signal.SIGINT)
     perf.wait()
     rows = parse_perf(data)
-    if "--faults" in sys.argv:
-        shutil.copy(data, "/tmp/warmwork/faults.data")
-        shutil.copy(f"/proc/{zygote}/maps", "/tmp/warmwork/zygote.maps")
+    maps = Path(f"/proc/{zygote}/maps").read_text() if "--faults" in sys.argv else ""
+    if "--stacks" in sys.argv:  # kept for `perf script -i` (call chains of each fault) after this run
+        shutil.copy(data, STACKS_DATA)
     forks = {}  # child -> parent
     by_pid = collections.defaultdict(list)
     for ns, pid, event, args in rows:
@@ -222,10 +226,6 @@ def timeline(engine: EngineDirect, spawn: DirectSpawn, calls: int, work: Path, s
                 sum(1 for ns in faults if b <= ns < (ev.get("hook_exit_group") or end)))
             steps_n["faults: before the call"].append(sum(1 for ns in faults if ns < a))
             fault_windows.append((hook, a, b))
-            if "--stacks" in sys.argv:
-                import json as _json
-                with open("/tmp/warmwork/windows.jsonl", "a") as fh:
-                    fh.write(_json.dumps({"hook": hook, **{k: v for k, v in r.items() if k.startswith("hook_")}}) + "\n")
             marks_ = sorted((v, k) for k, v in r.items() if k.startswith("hook_") and isinstance(v, int))
             for (t1, k1), (t2, _k2) in zip(marks_, marks_[1:], strict=False):
                 steps_n[f"faults {k1} ->"].append(sum(1 for ns in faults if t1 <= ns < t2))
@@ -235,7 +235,7 @@ def timeline(engine: EngineDirect, spawn: DirectSpawn, calls: int, work: Path, s
             if isinstance(v, int) and k not in ("keeper",) and v > 10**9:
                 steps[k].append((v - t0) / 1e6)
     if fault_windows:
-        show_fault_regions(data, fault_windows, Path("/tmp/warmwork/zygote.maps").read_text())
+        show_fault_regions(data, fault_windows, maps)
     if "--syscalls" in sys.argv:
         show_syscalls(results, children, by_pid)
     order = sorted(steps, key=lambda k: pct(steps[k], 50))
