@@ -373,7 +373,8 @@ def _main(exec_mode=False):
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
                                                       None if exec_mode else lambda: _rehearse(sandbox))
         if "argv" not in spec:
-            _DONE_SIGNAL.append(_child.HOOK_DONE)
+            if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
+                _DONE_SIGNAL.append(_child.HOOK_DONE)
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _child._die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
