@@ -258,11 +258,12 @@ class SubprocessRuntime:
         program = _resolve_program(argv[0], spec)
         if program is not None:
             try:
-                proc = warmstart.spawn_exec([program, *argv[1:]], spec)
+                proc = warmstart.spawn_exec([program, *argv[1:]], spec, payload)
             except OSError as exc:
                 return fail(*_exec_failure(argv[0], exc))
             if proc is not None:
-                return communicate(proc, payload, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
+                rest = payload[proc.stdin_written:]
+                return communicate(proc, rest, call.timeout_secs, started, on_stderr), proc.oom_killed  # type: ignore[arg-type]
         cgroup_dirs = sandbox.cgroups.create(*spec.cgroup_limits) if spec.cgroup_limits else ()
         try:
             try:
@@ -295,10 +296,11 @@ class WarmStartRuntime(SubprocessRuntime):
 
     def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
               on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
-        warm = warmstart.spawn(argv, spec)
+        warm = warmstart.spawn(argv, spec, payload)
         if warm is None:
             return super().start(call, argv, spec, payload, started, on_stderr)
-        return communicate(warm, payload, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
+        rest = payload[warm.stdin_written:]
+        return communicate(warm, rest, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
 
 
 SUBPROCESS = SubprocessRuntime()

@@ -146,19 +146,19 @@ def ensure(launcher: str, env: Mapping[str, str]) -> bool:
     return _get(launcher, env) is not None
 
 
-def spawn(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
+def spawn(argv: Sequence[str], sandbox: Any, stdin: bytes = b"") -> WarmProcess | None:
     """Fork the hook `argv = [python, script]` from its zygote, inside `sandbox` (engine.sandbox.SandboxSpec); None
-    means: spawn it normally instead."""
+    means: spawn it normally instead. What of `stdin` is already in its pipe: `WarmProcess.stdin_written`."""
     z = _get(argv[0], sandbox.env)
     if z is None:
         return None
-    proc = z.fork(argv[1], sandbox)
+    proc = z.fork(argv[1], sandbox, stdin=stdin)
     if proc is None and not z.alive():
         z.stop()
     return proc
 
 
-def spawn_exec(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
+def spawn_exec(argv: Sequence[str], sandbox: Any, stdin: bytes = b"") -> WarmProcess | None:
     """Exec `argv` (argv[0] an absolute path) from the spawner, inside `sandbox`; None means: the spawner is
     unavailable, spawn it from the worker. Raises OSError when the exec itself failed."""
     if not spawner_enabled():
@@ -166,7 +166,7 @@ def spawn_exec(argv: Sequence[str], sandbox: Any) -> WarmProcess | None:
     z = _get(sys.executable, {}, SPAWNER_SCRIPT)
     if z is None:
         return None
-    proc = z.fork("", sandbox, argv)
+    proc = z.fork("", sandbox, argv, stdin=stdin)
     if proc is None and not z.alive():
         z.stop()
     return proc

@@ -36,6 +36,7 @@ import types  # noqa: E402
 from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
 _SIGINT = 2
+_PR_CAPBSET_READ = 23
 _PACKAGE = "librefang_process"  # engine/process/ as the zygote loads it (`_load`), not the engine package
 
 
@@ -45,12 +46,21 @@ def _stdlib_dirs():
     return tuple(d + os.sep for d in dirs)
 
 
+# The `_PACKAGE` modules, named once in the zygote (`_main`): a child pops them by name, as iterating sys.modules
+# would write to (and so copy) the page of every module's name. Once popped they are kept here: freeing them would
+# write to every page they are on.
+_SANDBOX_MODULES = []
+_POPPED = []
+# The signal that tells a python hook's init it is done (engine/process/sandbox_tree.py HOOK_DONE): sent only by pid 2
+# of its own PID namespace, to its init (pid 1).
+_DONE_SIGNAL = []
+
+
 def _pop_sandbox_modules():
     """Take the `_PACKAGE` modules (engine/process/sandbox.py with its siblings, and the zygote's own) out of
     sys.modules (a fresh interpreter would not have them), and the importer cached for their directory; returns
     them."""
-    popped = {name: sys.modules.pop(name) for name in list(sys.modules)
-              if name == _PACKAGE or name.startswith(_PACKAGE + ".")}
+    popped = {name: sys.modules.pop(name) for name in _SANDBOX_MODULES if name in sys.modules}
     for directory in getattr(popped.get(_PACKAGE), "__path__", ()):
         sys.path_importer_cache.pop(directory, None)
     return popped
@@ -93,7 +103,7 @@ _child = _load("zygote_child", _HERE)  # its child, from the fork to the hook
 
 def _as_python_main(spec, extras_top):
     """The rest of a python hook's start: environment, sys.argv, sys.path[0], preloaded modules it shadows."""
-    _pop_sandbox_modules()
+    _POPPED.append(_pop_sandbox_modules())
     spec["env"] = spec["sandbox"]["env"]
     os.environ.clear()
     os.environ.update(spec["env"])
@@ -118,6 +128,66 @@ def _as_python_main(spec, extras_top):
     sys.argv = [script]
     if hasattr(sys, "orig_argv"):
         sys.orig_argv = [spec["launcher"], script]
+
+
+def _rehearse(sandbox):
+    """In a prepared hook's process, before its call arrives: go through the steps between a call's arrival and the
+    end of the script once with a made-up call and script, so that the pages they write (reference counts of the
+    objects they use, the interpreter's caches, allocator pools) are copied from the zygote now rather than on the
+    call's path: each copy-on-write fault costs a few microseconds, and a call took ~500 of them
+    (bench/warm_timeline.py --faults). What it sets, the call sets again (`_as_python_main`: environment, sys.argv,
+    sys.path[0]); it imports nothing and leaves nothing cached, and the zygote's modules it pops stay out."""
+    script = os.path.join(_HERE, "librefang-rehearsal.py")  # never read: compiled from _REHEARSAL_SOURCE
+    env = {f"LIBREFANG_REHEARSAL_{i}": "x" * 40 for i in range(16)}
+    call = {"sandbox": {"cwd": _HERE, "env": env, "rlimits": [["RLIMIT_NPROC", 129, 129]], "isolate": True,
+                        "user_ns": True, "new_net": True, "hide": "/nonexistent", "keep": [_HERE, _HERE],
+                        "read_only": False, "writable": [_HERE], "cgroups": [], "cgroup_limits": [1 << 30, 130],
+                        "uid": 0, "gid": 0},
+            "script": script, "launcher": sys.executable, "netns": 3, "kept": [[_HERE, _HERE]]}
+    call = json.loads(json.dumps(call))
+    sandbox.SandboxSpec.from_dict(call["sandbox"])
+    # The sandbox's last steps, to no effect: the ctypes, os and io paths of binding the kept directories back and
+    # dropping capabilities (engine/process/sandbox_spare.py, sandbox_enter.py).
+    lib = sandbox.libc()
+    if lib is not None:
+        lib.mount(None, os.fsencode("/nonexistent/librefang-rehearsal"), None, 0, None)  # ENOENT
+        lib.prctl(_PR_CAPBSET_READ, 0, 0, 0, 0)
+        ctypes = sys.modules.get("ctypes")
+        if ctypes is not None:
+            (ctypes.c_uint32 * 2)(0, 0)
+            (ctypes.c_uint32 * 6)()
+            ctypes.get_errno()
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    os.close(fd)
+    os.path.relpath(_HERE, "/")
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                line.startswith("CapEff:")
+    except OSError:
+        pass
+    _as_python_main(call, frozenset())  # (nothing shadowed: no preloaded module is forgotten)
+    main = _new_main(script)
+    forked_modules = set(sys.modules)  # as `_run_main` and `_finalize` go through sys.modules
+    [m for name, m in list(sys.modules.items()) if name not in forked_modules]
+    exec(compile(_REHEARSAL_SOURCE, script, "exec", dont_inherit=True), main.__dict__)
+    _clear_module(main)
+    del main
+    _flush_std(0)  # nothing written: nothing to flush
+    gc.collect()
+
+
+_REHEARSAL_SOURCE = """
+import json
+import sys
+
+def answer(request):
+    items = [str(k) for k in request]
+    return {"type": "ok", "items": items, "n": len(items)}
+
+request = json.loads('{"agent_id": "a", "message": "m", "n": [1, 2.5, null, true]}')
+text = json.dumps(answer(request))
+"""
 
 
 def _shadows_preloaded(directory, names):
@@ -146,11 +216,7 @@ def _run_main(spec):
             source = fh.read()
     except OSError as exc:
         _child._die(f"{spec['launcher']}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}\n", 2)
-    main = types.ModuleType("__main__")
-    main.__dict__.update({
-        "__loader__": SourceFileLoader("__main__", script), "__spec__": None, "__annotations__": {},
-        "__builtins__": builtins, "__file__": script, "__cached__": None,
-    })
+    main = _new_main(script)
     sys.modules["__main__"] = main
     forked_modules = set(sys.modules)
     interrupted = False
@@ -172,6 +238,15 @@ def _run_main(spec):
         status = 1
         del exc, tb
     _finalize(status, main, forked_modules, interrupted)
+
+
+def _new_main(script):
+    main = types.ModuleType("__main__")
+    main.__dict__.update({
+        "__loader__": SourceFileLoader("__main__", script), "__spec__": None, "__annotations__": {},
+        "__builtins__": builtins, "__file__": script, "__cached__": None,
+    })
+    return main
 
 
 def _system_exit_status(exc):
@@ -250,6 +325,14 @@ def _finalize(status, main, forked_modules, interrupted):
         import signal
         signal.signal(_SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), _SIGINT)
+    if status == 0 and _DONE_SIGNAL and os.getpid() == 2 and os.getppid() == 1:
+        # Our own init (engine/process/sandbox_tree.py `_init`): done, exit 0. Its report goes out while the kernel
+        # frees this process's memory; the worker sees our stdio closed now rather than after that.
+        os.closerange(0, 3)
+        try:
+            os.kill(1, _DONE_SIGNAL[0])
+        except OSError:
+            pass
     os._exit(status)
 
 
@@ -271,6 +354,7 @@ def _main(exec_mode=False):
         os._exit(3)
     extras_top = frozenset(n.partition(".")[0] for n in set(sys.modules) - _BASELINE
                            if getattr(sys.modules[n], "__file__", None))
+    _SANDBOX_MODULES[:] = [name for name in sys.modules if name == _PACKAGE or name.startswith(_PACKAGE + ".")]
     zygote_pid = os.getpid()
     sandbox.cgroups.available()  # found (and stale leftovers removed) once, before the first child
     gc.collect()
@@ -287,8 +371,11 @@ def _main(exec_mode=False):
             spec, fds = _child._await_call(fds[0])
             exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
         else:  # a spare that entered its namespaces ahead of its call
-            spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox)
+            spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
+                                                      None if exec_mode else lambda: _rehearse(sandbox))
         if "argv" not in spec:
+            if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
+                _DONE_SIGNAL.append(_child.HOOK_DONE)
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _child._die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)

@@ -7,6 +7,7 @@ program. Stdlib only and loaded outside the engine package, like engine/process/
 import json
 import os
 
+from .sandbox_tree import HOOK_DONE  # noqa: F401 - the prepared hook's word to its init (warmstart_zygote.py)
 from .zygote_wire import HEADER, recv_call, recv_exact
 
 
@@ -21,6 +22,15 @@ def _await_call(sock):
         os._exit(0)
     sock.close()
     return spec, list(fds)
+
+
+def _rehearse_then_await(rehearse, sock):
+    """In the prepared hook's process, before its call: `rehearse()` first (see warmstart_zygote.py `_rehearse`)."""
+    try:
+        rehearse()
+    except BaseException:  # noqa: BLE001 - only ever a head start: the call's own steps run anyway
+        pass
+    return _await_call(sock)
 
 
 def _die(message, code):
@@ -61,13 +71,14 @@ def _take_stdio(stdio, extra):
         os.set_inheritable(fd, False)
 
 
-def _prepared_spare(sock, shape, zygote_pid, sandbox):
+def _prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None):
     """A spare child entering its namespaces before its call (sandbox.pre_enter): it becomes the call's keeper, and
     this returns (spec, exec error fd or None) in the hook's own process once the call arrived, its stdio taken and
     its sandbox complete. A spare that cannot prepare exits: the call is then forked on demand."""
     os.setsid()
     try:
-        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call)
+        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call if rehearse is None else
+                                      lambda s: _rehearse_then_await(rehearse, s))
     except BaseException:  # noqa: BLE001
         os._exit(0)
     exec_error = fds[3] if "argv" in spec else None

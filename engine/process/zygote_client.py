@@ -35,8 +35,9 @@ class WarmProcess:
     """A zygote child, driven through the same interface as subprocess.Popen by the runner's loop."""
 
     def __init__(self, args: list[str], pid: int, reply: socket.socket, buf: bytes, stdin: int, stdout: int,
-                 stderr: int):
+                 stderr: int, stdin_written: int = 0):
         self.args = args
+        self.stdin_written = stdin_written  # bytes of the request already in the stdin pipe (`Zygote.fork`)
         self.pid = pid
         self.returncode: int | None = None
         self.zygote_lost = False
@@ -192,14 +193,20 @@ class Zygote:
             self.proc.wait()
         self.stop()
 
-    def fork(self, script: str, sandbox: Any, argv: Sequence[str] | None = None) -> WarmProcess | None:
+    def fork(self, script: str, sandbox: Any, argv: Sequence[str] | None = None,
+             stdin: bytes = b"") -> WarmProcess | None:
         """Fork `script` with `sandbox` (an engine.sandbox.SandboxSpec) applied in the child; a spawner (exec mode)
-        execs `argv` instead. Raises OSError when that exec failed (as subprocess.Popen does)."""
-        call = {"sandbox": json.loads(sandbox.to_json())}
+        execs `argv` instead. Raises OSError when that exec failed (as subprocess.Popen does).
+
+        `stdin` (the request) goes into the stdin pipe before the call is handed over, as much as the pipe holds
+        (`WarmProcess.stdin_written`; the caller writes the rest): the hook does not wait for our next wake-up to
+        read it."""
+        call = {"sandbox": dict(vars(sandbox))}  # its fields (a flat dataclass): the JSON of SandboxSpec.to_json
         call.update({"argv": list(argv)} if argv is not None else {"script": script, "launcher": self.launcher})
         spec = json.dumps(call).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         in_r, in_w = os.pipe()
+        stdin_written = _prefill(in_w, stdin)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         mine = [in_w, out_r, err_r]
@@ -245,7 +252,7 @@ class Zygote:
             return None
         self.calls += 1
         proc = WarmProcess(list(argv) if argv is not None else [self.launcher, script], int(msg["pid"]), ours, rest,
-                           in_w, out_r, err_r)
+                           in_w, out_r, err_r, stdin_written)
         if exec_r is not None:
             _raise_exec_error(proc, exec_r)
         return proc
@@ -253,6 +260,20 @@ class Zygote:
 
 class ZygoteUnavailable(Exception):
     pass
+
+
+def _prefill(fd: int, data: bytes) -> int:
+    """Write what an empty pipe takes of `data` without blocking; how many bytes went in."""
+    if not data:
+        return 0
+    os.set_blocking(fd, False)
+    try:
+        return os.write(fd, data[:_PIPE_PREFILL])
+    except OSError:  # full (another size of pipe): the runner writes it all
+        return 0
+
+
+_PIPE_PREFILL = 65536  # a pipe's default capacity on Linux (pipe(7))
 
 
 def _raise_exec_error(proc: WarmProcess, exec_r: int) -> None:

@@ -81,7 +81,7 @@ def test_a_wasm_call_is_never_run_as_a_command(tmp_path):
 def test_the_warm_start_forks_from_the_zygote_and_never_asks_the_spawner(tmp_path, monkeypatch):
     execs = []
     real_exec = warmstart.spawn_exec
-    monkeypatch.setattr(warmstart, "spawn_exec", lambda argv, spec: execs.append(argv) or real_exec(argv, spec))
+    monkeypatch.setattr(warmstart, "spawn_exec", lambda argv, spec, *rest: execs.append(argv) or real_exec(argv, spec, *rest))
     r = WARM_START.run(_call(tmp_path))
     assert r.ok and r.reply == {"got": 7}, r.failure
     assert execs == [] and warmstart.zygote_pids()
@@ -91,8 +91,8 @@ def test_the_warm_start_forks_from_the_zygote_and_never_asks_the_spawner(tmp_pat
 def test_the_warm_start_falls_back_to_a_subprocess_when_no_zygote_can_fork(tmp_path, monkeypatch):
     forks, execs = [], []
     real_exec = warmstart.spawn_exec
-    monkeypatch.setattr(warmstart, "spawn", lambda argv, spec: forks.append(argv))  # None: no zygote right now
-    monkeypatch.setattr(warmstart, "spawn_exec", lambda argv, spec: execs.append(argv) or real_exec(argv, spec))
+    monkeypatch.setattr(warmstart, "spawn", lambda argv, spec, *rest: forks.append(argv))  # None: no zygote right now
+    monkeypatch.setattr(warmstart, "spawn_exec", lambda argv, spec, *rest: execs.append(argv) or real_exec(argv, spec, *rest))
     r = WARM_START.run(_call(tmp_path))
     assert r.ok and r.reply == {"got": 7}, r.failure
     assert len(forks) == 1 and len(execs) == 1 and execs[0][1:] == forks[0][1:]

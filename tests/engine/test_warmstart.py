@@ -389,3 +389,65 @@ def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
     assert result.ok, result.failure
     assert result.reply == {"warm": True} and _served() == {zygote: 2}
     assert warmstart.zygote_pids() == [zygote]
+
+
+def test_a_hook_prepared_ahead_of_its_call_gets_the_same_process(tmp_path, monkeypatch):
+    # From the second call on, the zygote's spare has entered the sandbox and rehearsed the hook's start before the
+    # call came (engine/process/warmstart_zygote.py `_rehearse`): none of that shows.
+    pdir = _plugin(tmp_path, PROBE.replace('"req": req,', '"req": req, "modules": sorted(sys.modules),'))
+    cold = _run(_call(pdir), False, monkeypatch)
+    assert cold.ok, cold.failure
+    expected = dict(cold.reply)
+    expected.pop("modules")
+    for _ in range(3):
+        warm = _run(_call(pdir), True, monkeypatch)
+        assert warm.ok, (warm.failure, warm.stderr)
+        state = dict(warm.reply)
+        modules = state.pop("modules")
+        assert state == expected
+        assert not [m for m in modules if m.startswith("librefang")]
+        assert not [k for k in state["env"] if "REHEARSAL" in k]
+
+
+def test_a_hook_that_says_it_is_done_is_held_to_it(tmp_path, monkeypatch):
+    # A warm hook tells its init "done, exit 0" (HOOK_DONE) as it exits (warmstart_zygote.py `_finalize`); one that
+    # says so and goes on is killed there and then: the call ends with what it wrote, nothing left running. The first
+    # call is forked on demand or from a plain spare, the next ones from spares prepared ahead.
+    pdir = _plugin(tmp_path, """
+        import json, os, signal, sys, time
+        sys.stdin.read()
+        print(json.dumps({"said": "done"}), flush=True)
+        if os.getpid() == 2:
+            os.kill(1, signal.SIGRTMIN)
+        time.sleep(60)
+        print(json.dumps({"said": "more"}), flush=True)
+    """)
+    (pdir / "first.py").write_text(WARM_PROBE)
+    assert _run(_call(pdir, "first.py"), True, monkeypatch).ok
+    for _ in range(3):
+        result = _run(_call(pdir, timeout_secs=30), True, monkeypatch)
+        assert result.ok, (result.failure, result.stderr)
+        assert result.reply == {"said": "done"}
+
+
+def test_only_the_hook_itself_can_say_it_is_done(tmp_path, monkeypatch):
+    pdir = _plugin(tmp_path, """
+        import json, os, signal, sys, time
+        sys.stdin.read()
+        child = os.fork()
+        if child == 0:
+            try:
+                os.kill(1, signal.SIGRTMIN)  # not the hook: init ignores it
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        time.sleep(0.2)
+        print(json.dumps({"pid": os.getpid()}), flush=True)
+        sys.exit(5)
+    """)
+    (pdir / "first.py").write_text(WARM_PROBE)
+    assert _run(_call(pdir, "first.py"), True, monkeypatch).ok
+    for _ in range(3):
+        result = _run(_call(pdir), True, monkeypatch)
+        assert not result.ok and result.failure.exit_code == 5, result.failure
+        assert json.loads(result.stdout) == {"pid": 2}
