@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-from .sandbox_enter import SETUP_FAILED, SandboxSpec, _enter_last, _map_ids
+from .sandbox_enter import SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
 from .sandbox_libc import (
     CLONE_NEWNET,
     CLONE_NEWNS,
@@ -83,6 +83,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     if hook_pid:
         _init(hook_pid, status_w, sock.fileno())
     os.close(status_w)
+    _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
@@ -157,7 +158,10 @@ def _report_setup_failure(fds: list, message: str) -> None:
             pass
 
 
+_capable: list = []  # in a prepared hook's process: whether it has capabilities, its bounding set emptied ahead
+
+
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
-    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]))
+    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None)
 

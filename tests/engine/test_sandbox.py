@@ -360,6 +360,33 @@ def test_a_hook_keeps_its_exit_status_and_signals(home, mode):
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.exit_code == 3
 
 
+# ---- privileges -----------------------------------------------------------------------------------------------
+
+PRIVILEGES = """
+import json, sys
+sys.stdin.read()
+fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("Cap", "NoNewPrivs")))
+print(json.dumps({k: v.strip() for k, v in fields.items()}))
+"""
+
+BASH_PRIVILEGES = """
+cat > /dev/null
+printf '{"status": "%s"}\\n' "$(grep -E '^(Cap|NoNewPrivs)' /proc/self/status | tr '\\n\\t' '  ')"
+"""
+
+
+def test_a_hook_has_no_capability_now_nor_after_an_exec(home, mode):
+    python = run_hook(call(home, PRIVILEGES))
+    bash = run_hook(call(home, BASH_PRIVILEGES, runtime="bash"))
+    assert python.ok and bash.ok, (python.failure, python.stderr, bash.failure, bash.stderr)
+    zero = "0" * 16
+    assert python.reply == {"CapInh": zero, "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero,
+                            "NoNewPrivs": "1"}
+    words = bash.reply["status"].split()
+    assert dict(zip(words[::2], words[1::2])) == {"CapInh:": zero, "CapPrm:": zero, "CapEff:": zero,
+                                                  "CapBnd:": zero, "CapAmb:": zero, "NoNewPrivs:": "1"}
+
+
 # ---- limits ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif("pids" not in sandbox.cgroups.available() and sandbox.mode() != "userns",

@@ -386,6 +386,20 @@ static void make_dirs(const char *path) { /* os.makedirs(path, exist_ok=True), i
     mkdir(buf, 0755);
 }
 
+/* Whether this process has capabilities; if so its bounding set emptied (what an exec may gain: the capabilities it
+ * has stay until run_call drops them). Done ahead of the call. */
+static int capable;
+
+static void empty_bounding_set(void) {
+    char *status = read_all("/proc/self/status");
+    char *capeff = status ? strstr(status, "\nCapEff:") : NULL;
+    capable = capeff ? strtoull(capeff + 8, NULL, 16) != 0 : geteuid() == 0;
+    free(status);
+    if (capable)
+        for (int cap = 0; cap < 64; cap++)
+            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno == EINVAL) break;
+}
+
 /* The call's part of the view (the home's kept directories bound back, read-only mounts, network), then the hook's
  * own limits, stdio and exec. */
 static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
@@ -450,13 +464,7 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
         check(setrlimit(c->rl_resource[i], &rl), "setrlimit");
     }
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    char *status = read_all("/proc/self/status");
-    char *capeff = status ? strstr(status, "\nCapEff:") : NULL;
-    int capable = capeff ? strtoull(capeff + 8, NULL, 16) != 0 : geteuid() == 0;
-    free(status);
-    if (capable) {
-        for (int cap = 0; cap < 64; cap++)
-            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno == EINVAL) break;
+    if (capable) { /* (the bounding set was emptied before the call: empty_bounding_set) */
         struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
         struct __user_cap_data_struct data[2];
         memset(data, 0, sizeof data);
@@ -524,6 +532,7 @@ int main(int argc, char **argv) {
     if (hook_pid < 0) _exit(SETUP_FAILED);
     if (hook_pid) init_loop(hook_pid, status_pipe[1], sock);
     close(status_pipe[1]);
+    empty_bounding_set();
     /* ready: the spawner sends the call only now (a spare that failed before this is replaced by a python child) */
     if (write(sock, READY, 1) != 1) _exit(0);
     int fds[MAX_FDS], n_fds;
