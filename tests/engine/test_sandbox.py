@@ -383,7 +383,7 @@ def test_a_hook_has_no_capability_now_nor_after_an_exec(home, mode):
     assert python.reply == {"CapInh": zero, "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero,
                             "NoNewPrivs": "1"}
     words = bash.reply["status"].split()
-    assert dict(zip(words[::2], words[1::2])) == {"CapInh:": zero, "CapPrm:": zero, "CapEff:": zero,
+    assert dict(zip(words[::2], words[1::2], strict=True)) == {"CapInh:": zero, "CapPrm:": zero, "CapEff:": zero,
                                                   "CapBnd:": zero, "CapAmb:": zero, "NoNewPrivs:": "1"}
 
 
