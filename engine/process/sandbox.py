@@ -51,9 +51,10 @@ from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
 from .sandbox_libc import SetupError, libc
 from .sandbox_mounts import kept_dirs, open_kept
 from .sandbox_spare import enter_hook, make_netns, pre_enter, shape_of
+from .sandbox_tree import HOOK_DONE
 
 __all__ = [
-    "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
+    "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
     "forget_probe", "kept_dirs", "libc", "make_netns", "mode", "network_isolation_available", "open_kept",
     "pre_enter", "probe", "shape_of", "_oom_killed",
 ]

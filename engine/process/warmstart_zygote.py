@@ -36,7 +36,6 @@ import types  # noqa: E402
 from importlib.machinery import PathFinder, SourceFileLoader  # noqa: E402
 
 _SIGINT = 2
-_PR_CAPBSET_READ = 23
 _PACKAGE = "librefang_process"  # engine/process/ as the zygote loads it (`_load`), not the engine package
 
 
@@ -147,11 +146,11 @@ def _rehearse(sandbox):
     call = json.loads(json.dumps(call))
     sandbox.SandboxSpec.from_dict(call["sandbox"])
     # The sandbox's last steps, to no effect: the ctypes, os and io paths of binding the kept directories back and
-    # dropping capabilities (engine/process/sandbox_spare.py, sandbox_enter.py).
+    # of capset (engine/process/sandbox_spare.py, sandbox_enter.py; the capability check and the bounding set ran
+    # for real before this, in pre_enter).
     lib = sandbox.libc()
     if lib is not None:
         lib.mount(None, os.fsencode("/nonexistent/librefang-rehearsal"), None, 0, None)  # ENOENT
-        lib.prctl(_PR_CAPBSET_READ, 0, 0, 0, 0)
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             (ctypes.c_uint32 * 2)(0, 0)
@@ -160,12 +159,6 @@ def _rehearse(sandbox):
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     os.close(fd)
     os.path.relpath(_HERE, "/")
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                line.startswith("CapEff:")
-    except OSError:
-        pass
     _as_python_main(call, frozenset())  # (nothing shadowed: no preloaded module is forgotten)
     main = _new_main(script)
     forked_modules = set(sys.modules)  # as `_run_main` and `_finalize` go through sys.modules
@@ -375,7 +368,7 @@ def _main(exec_mode=False):
                                                       None if exec_mode else lambda: _rehearse(sandbox))
         if "argv" not in spec:
             if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
-                _DONE_SIGNAL.append(_child.HOOK_DONE)
+                _DONE_SIGNAL.append(sandbox.HOOK_DONE)
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
         _child._die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)

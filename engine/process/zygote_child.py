@@ -7,7 +7,6 @@ program. Stdlib only and loaded outside the engine package, like engine/process/
 import json
 import os
 
-from .sandbox_tree import HOOK_DONE  # noqa: F401 - the prepared hook's word to its init (warmstart_zygote.py)
 from .zygote_wire import HEADER, recv_call, recv_exact
 
 

@@ -122,10 +122,14 @@ def _serve(ctl, sandbox, spare_program=None):
                 select.select([], [], [], 0.01)
         os._exit(0)
 
+    def spare_cgroup(limits):
+        """A fresh cgroup for a spare, with `limits` written ahead when they could be: (paths, limits written)."""
+        paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
+        return paths, (limits if paths and limits and cgroups.limit(paths, *limits) else ())
+
     def native_spare_for(the_shape, limits):
         """A spare that is the native program, for `the_shape`, its cgroup limited to `limits` ahead; or None."""
-        paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
-        written = limits if paths and limits and cgroups.limit(paths, *limits) else ()
+        paths, written = spare_cgroup(limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             pid = native_spare.spawn(spare_program, theirs, the_shape, paths)
@@ -141,9 +145,8 @@ def _serve(ctl, sandbox, spare_program=None):
         if spare is None and not draining and waiting is None and spare_program is not None and shape is not None:
             spare = native_spare_for(shape, last_limits)
         elif spare is None and not draining and waiting is None:
-            paths = cgroups.prepare() if cgroups is not None and cgroups.available() else ()
-            # Likely the next call's too (same plugin): checked, and rewritten if not, when the call arrives.
-            written = last_limits if paths and last_limits and cgroups.limit(paths, *last_limits) else ()
+            # Likely the next call's limits too (same plugin): checked, and rewritten if not, when the call arrives.
+            paths, written = spare_cgroup(last_limits)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 pid = os.fork()
@@ -196,7 +199,8 @@ def _serve(ctl, sandbox, spare_program=None):
                     spec = json.loads(recv_exact(reply, HEADER.unpack(msg)[0]))
                     box = spec["sandbox"]
                     limits = tuple(box.get("cgroup_limits") or ())
-                    call_shape = sandbox.shape_of(sandbox.SandboxSpec.from_dict(box))
+                    box_spec = sandbox.SandboxSpec.from_dict(box)
+                    call_shape = sandbox.shape_of(box_spec)
                     if spare is None and spare_program is not None and call_shape is not None and not draining:
                         # Calls overlap (the spare went to the one before): the native program costs far less
                         # than the python fork below, made for this call now.
@@ -222,7 +226,7 @@ def _serve(ctl, sandbox, spare_program=None):
                                 raise OSError("cannot write the cgroup limits")
                             to_send = passed
                             if spare_shape is not None:
-                                spec["kept"] = sandbox.kept_dirs(sandbox.SandboxSpec.from_dict(box))  # seen here
+                                spec["kept"] = sandbox.kept_dirs(box_spec)  # seen here
                                 to_send = [*fds[1:4], *fds[4:]]
                                 if box.get("new_net") and not spare_shape[0]:  # not in a user namespace: see
                                     plugin = box["cwd"]                       # sandbox.make_netns

@@ -41,10 +41,12 @@ def _plugin(home: Path, source: str) -> Path:
     return pdir
 
 
-def _cold(monkeypatch, native: bool, pdir: Path, home: Path, **kw):
+def _cold(monkeypatch, native: bool | str, pdir: Path, home: Path, script: str = "hooks/hook.py",
+          runtime: str = "python", **kw):
+    """One cold call; `native`: whether the native spare may serve it, or the path of another build of it."""
     monkeypatch.setenv("LIBREFANG_WARM_START", "0")
-    monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
-    call = HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+    monkeypatch.setenv(native_spare.SWITCH, native if isinstance(native, str) else "1" if native else "0")
+    call = HookCall(plugin_dir=pdir, script=script, runtime=resolve_tag(runtime),
                     request={"agent_id": "a1", "message": "hi"}, timeout_secs=30,
                     data_dir=home / "plugin_data" / "probe", home_dir=home, **kw)
     return run_hook(call)
@@ -96,11 +98,7 @@ def test_an_exec_failure_is_reported_as_from_the_python_spare(tmp_path, monkeypa
     outcomes = {}
     for native in (True, False):
         warmstart.shutdown()
-        monkeypatch.setenv("LIBREFANG_WARM_START", "0")
-        monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
-        results = [run_hook(HookCall(plugin_dir=pdir, script="hooks/tool", runtime=resolve_tag("native"),
-                                     request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe",
-                                     home_dir=home)) for _ in range(3)]
+        results = [_cold(monkeypatch, native, pdir, home, script="hooks/tool", runtime="native") for _ in range(3)]
         outcomes[native] = [(r.ok, r.failure) for r in results]
     assert not any(ok for ok, _ in outcomes[True])
     assert outcomes[True] == outcomes[False]
@@ -135,15 +133,10 @@ def test_a_native_spare_that_cannot_prepare_leaves_the_call_to_a_python_child(tm
     broken, started = tmp_path / "broken-spare", tmp_path / "started"
     broken.write_text(f"#!/bin/sh\necho >> {started}\n{failure}\n")
     broken.chmod(0o755)
-    monkeypatch.setenv(native_spare.SWITCH, str(broken))
-    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
     home = tmp_path / "lfhome"
     pdir = _plugin(home, INIT_PROBE)
-    call = HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
-                    request={"agent_id": "a1", "message": "hi"}, timeout_secs=30,
-                    data_dir=home / "plugin_data" / "probe", home_dir=home)
     for _ in range(7):  # the first call shows the shape; the next ones find a spare that never says it is ready
-        r = run_hook(call)
+        r = _cold(monkeypatch, str(broken), pdir, home)
         assert r.ok, (r.failure, r.stderr)
         assert r.stdout.strip() not in (program, str(broken))
     assert len(started.read_text().splitlines()) <= 4  # after 3 failures in a row the spawner stopped trying
