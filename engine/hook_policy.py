@@ -80,8 +80,8 @@ class HookPolicy:
         self.summarizer_for = summarizer_for
 
     def deadline_secs(self, hook: str) -> float:
-        # each plugin looked up once (chain, then its timeouts): on the web tier this runs on the event loop
-        return deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
+        # each plugin's manifest looked up once (chain, then its timeouts): on the web tier this runs on the event loop
+        return deadline_secs(hook, CallCatalog(self.catalog, manifests_only=True), self.config.get())
 
     def fallback(self, hook: str, request: dict[str, Any], reason: str) -> dict[str, Any]:
         """The agent's answer when no worker gave one: the default engine's result, `source` "default" and why."""

@@ -105,7 +105,7 @@ class ContextEngine:
 
     def deadline_secs(self, hook: str) -> float:
         """How long an agent may wait for `hook` (engine/hook_policy.py, the same rule the web tier uses)."""
-        return policy.deadline_secs(hook, CallCatalog(self.catalog), self.config.get())
+        return policy.deadline_secs(hook, CallCatalog(self.catalog, manifests_only=True), self.config.get())
 
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
