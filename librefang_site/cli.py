@@ -187,7 +187,17 @@ def daphne_argv(listener: socket.socket | None = None) -> list[str]:
     # X-Forwarded-For is believed only behind a configured proxy: daphne would otherwise take any client's
     # header as its address, and the login lockout (plugins_app/views/login.py) keys on that address.
     proxy = ["--proxy-headers"] if os.environ.get("LIBREFANG_TRUSTED_PROXIES", "").strip() else []
-    return [sys.executable, "-m", "daphne", *where, *proxy, "librefang_site.asgi:application"]
+    return [sys.executable, "-m", "daphne", *where, *proxy, *access_log_args(os.environ),
+            "librefang_site.asgi:application"]
+
+
+def access_log_args(environ) -> list[str]:
+    """daphne's access log only when LIBREFANG_ACCESS_LOG names where ("-": stdout, else a file). By default daphne
+    writes a line per request to stdout, on the event loop before the answer goes out: with agents calling hooks
+    that is one line per call of every agent (the calls themselves are recorded: traces, metrics, job records).
+    `-v 0` changes nothing else: Django's LOGGING (librefang_site/settings.py) sets the log levels."""
+    where = environ.get("LIBREFANG_ACCESS_LOG", "").strip()
+    return ["--access-log", where] if where else ["-v", "0"]
 
 
 def listen_socket(host: str, port: str) -> socket.socket | None:

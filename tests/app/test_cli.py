@@ -169,8 +169,10 @@ def test_it_uses_a_redis_that_answers_as_it_is(tmp_path):
     assert not (tmp_path / "redis_password").exists()
 
 
-def test_it_runs_daphne_alone_as_librefang_web(tmp_path):
-    """`librefang web` (what deploy/librefang-web.service runs) becomes daphne itself, so systemd's signals reach it."""
+@pytest.mark.parametrize("access_log", [False, True])
+def test_it_runs_daphne_alone_as_librefang_web(tmp_path, access_log):
+    """`librefang web` (what deploy/librefang-web.service runs) becomes daphne itself, so systemd's signals reach it.
+    daphne's access log only when LIBREFANG_ACCESS_LOG says where (here a file); by default no line per request."""
     import signal
     import urllib.error
     import urllib.request
@@ -181,10 +183,15 @@ def test_it_runs_daphne_alone_as_librefang_web(tmp_path):
     env = {**os.environ, "LIBREFANG_HOME": str(tmp_path / "home"), "LIBREFANG_DB": str(tmp_path / "db.sqlite3"),
            "LIBREFANG_LISTEN": f"127.0.0.1:{port}", "DJANGO_SETTINGS_MODULE": "librefang_site.settings"}
     env.pop("DATABASE_URL", None)
+    access = tmp_path / "access.log"
+    if access_log:
+        env["LIBREFANG_ACCESS_LOG"] = str(access)
     cmd = [sys.executable, "-m", "librefang_site.cli"]
     subprocess.run([*cmd, "migrate", "-v0"], env=env, cwd=REPO, check=True, capture_output=True, timeout=120)
-    proc = subprocess.Popen([*cmd, "web"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    output = tmp_path / "web.out"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen([*cmd, "web"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         status = None
         for _ in range(300):
@@ -201,6 +208,9 @@ def test_it_runs_daphne_alone_as_librefang_web(tmp_path):
         assert b"daphne" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+        logged = access.read_text() if access.exists() else ""
+        assert ("GET /api/health" in logged) is access_log
+        assert "GET /api/health" not in output.read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
