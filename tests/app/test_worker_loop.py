@@ -407,3 +407,23 @@ def test_the_outcome_writer_stores_then_acks_and_keeps_the_acks_while_redis_is_a
     stream.r = bus.client()
     stream.flush_deferred()
     assert pending(stream.stream) == 0 and not stream.holding
+
+
+def test_outcomes_finished_within_the_linger_share_one_insert_and_one_ack(monkeypatch):
+    from plugins_app.services import jobs
+
+    monkeypatch.setattr(jobs.OutcomeWriter, "LINGER_SECS", 1.0)  # far longer than two finishes take
+    stream = new_stream()
+    ids = [put("after_turn", {"agent_id": f"a{i}"}) for i in range(2)]
+    batch = stream.read(count=10, block_ms=200)
+    sizes, acks = [], []
+    real_insert, real_ack = JobRecord.objects.bulk_create, stream.ack_many
+    monkeypatch.setattr(JobRecord.objects, "bulk_create", lambda rows, **kw: sizes.append(len(rows))
+                        or real_insert(rows, **kw))
+    monkeypatch.setattr(stream, "ack_many", lambda done: acks.append(len(done)) or real_ack(done))
+    writer = jobs.OutcomeWriter(stream)
+    for job in batch:
+        jobs.finish(job, stream, JobRecord.State.DONE, "src", "", writer)
+    writer.close()
+    assert sizes == [2] and acks == [2]
+    assert set(JobRecord.objects.values_list("job_id", flat=True)) == set(ids) and pending(stream.stream) == 0
