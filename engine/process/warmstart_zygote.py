@@ -365,7 +365,7 @@ def _main(exec_mode=False):
             exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
         else:  # a spare that entered its namespaces ahead of its call
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
-                                                      None if exec_mode else lambda: _rehearse(sandbox))
+                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox))
         if "argv" not in spec:
             if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
                 _DONE_SIGNAL.append(sandbox.HOOK_DONE)

@@ -12,6 +12,7 @@ import os
 import select
 import selectors
 import socket
+import time
 
 from . import native_spare
 from .zygote_wire import HEADER, recv_call, recv_exact, send_call, send_line
@@ -20,12 +21,19 @@ _SIGKILL = 9
 _SPEC_TIMEOUT_SECS = 10.0
 _NATIVE_READY_SECS = 2.0  # a native spare made for a waiting call prepares in a few ms; past this, a python child
 _NATIVE_GIVE_UP = 3  # native spares failing in a row: this spawner stops starting them
+# After the call that took the spare has answered, wait this long before making the next one: making it at once
+# (a fork of this process, then the spare's namespaces and rehearsal, several ms of CPU) competed for a core with the
+# answer on its way back through the worker, Redis and the web tier (warm REST p50 -0.33 to -0.44 ms on 2 cores,
+# bench/README.md). Longer pauses cost calls that follow their answer at once (4 ms: +1.2 ms back to back).
+_SPARE_DELAY_SECS = 0.0015
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
 
 
 def _serve(ctl, sandbox, spare_program=None):
     """Fork children on request. Returns only inside a forked child: (spec, fds) for a child forked for a call,
-    or (None, socket) for the spare child, which then waits on that socket for its call. `fds` are the call's
+    or (None, (socket, shape, rehearse)) for the spare child, which then waits on that socket for its call (having
+    entered namespaces of `shape` ahead when it is not None, and rehearsed the hook's start when `rehearse`; see
+    warmstart_zygote.py). `fds` are the call's
     stdin, stdout, stderr, then the keeper's done pipe, then (exec mode) the exec error pipe.
 
     One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's fds and
@@ -46,9 +54,12 @@ def _serve(ctl, sandbox, spare_program=None):
     draining = False
     # (pid, socket to it, its cgroups, the sandbox shape it entered ahead or None, limits written, native program)
     spare = None
-    # The child running the call that took the last spare: the next spare is made once it has answered, so that
-    # preparing it (fork, cgroup join, namespaces) does not compete with the running hook for the CPU.
+    # The child running the call that took the last spare: the next spare is made once it has answered (and
+    # _SPARE_DELAY_SECS later), so that preparing it (fork, cgroup join, namespaces) does not compete with the
+    # running hook for the CPU.
     waiting = None
+    spare_after = 0.0
+    hurry = False  # the next spare is for a call already waiting
     shape = None  # the last call's (sandbox.shape_of): what the next spare prepares
     last_limits = ()  # the last call's cgroup limits: written into the next spare's cgroup ahead of its call
     leftover = []  # cgroups still busy when their call was reaped
@@ -86,9 +97,10 @@ def _serve(ctl, sandbox, spare_program=None):
         remove(paths)
 
     def answer(child, status):
-        nonlocal waiting
+        nonlocal waiting, spare_after
         if child is waiting:
             waiting = None
+            spare_after = time.monotonic() + _SPARE_DELAY_SECS
         pid, reply, paths, _done = child
         if reply is None:
             return
@@ -142,7 +154,10 @@ def _serve(ctl, sandbox, spare_program=None):
         return pid, ours, paths, the_shape, written, True
 
     while True:
-        if spare is None and not draining and waiting is None and spare_program is not None and shape is not None:
+        delay = spare_after - time.monotonic() if spare is None and waiting is None else 0.0
+        if delay > 0:
+            pass  # the select below wakes up when the pause is over
+        elif spare is None and not draining and waiting is None and spare_program is not None and shape is not None:
             spare = native_spare_for(shape, last_limits)
         elif spare is None and not draining and waiting is None:
             # Likely the next call's limits too (same plugin): checked, and rewritten if not, when the call arrives.
@@ -161,7 +176,8 @@ def _serve(ctl, sandbox, spare_program=None):
                             fh.write("0")
                     except OSError:
                         os._exit(0)  # seen as a dead spare: the call is forked on demand
-                return None, (theirs, shape)
+                return None, (theirs, shape, not hurry)
+            hurry = False
             theirs.close()
             if pid is None:
                 ours.close()
@@ -171,7 +187,16 @@ def _serve(ctl, sandbox, spare_program=None):
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
-        for key, _ in sel.select(0.5 if leftover else None):
+        timeout = 0.5 if leftover else None
+        if delay > 0:
+            timeout = min(timeout or delay, delay)
+        events = sel.select(timeout)
+        if delay > 0 and any(key.data is None for key, _ in events):
+            # A call came during the pause: make the spare now, without the rehearsal that only pays ahead of a call,
+            # and hand it the call (what is ready stays ready: the selector reports it again).
+            spare_after, hurry = 0.0, True
+            continue
+        for key, _ in events:
             if key.data is None:
                 try:
                     msg, fds = recv_call(ctl)
