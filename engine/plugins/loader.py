@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import findings as F
-from engine.filecache import FileCache, file_stamp
+from engine.filecache import FileCache, file_stamp, real_path
 from engine.findings import Finding
 from engine.plugins.manifest import NAME_RE, Manifest, ManifestError, parse_manifest_text
 
@@ -36,14 +36,14 @@ def directory_findings(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
     (Missing hook files, exec bits, required binaries and metadata are lint's findings: engine/plugins/lint.py.)
     """
     out: list[Finding] = []
-    root = plugin_dir.resolve()
+    root = Path(real_path(plugin_dir))
     for hook, script in manifest.hooks.declared_hooks().items():
         rel = Path(script)
         if rel.is_absolute() or ".." in rel.parts:
             out.append(F.error("manifest.hook_path_traversal", f"[hooks] {hook} = {script!r} leaves the plugin "
                                "directory", "Hook paths are relative to the plugin directory, without '..'."))
             continue
-        target = (root / rel).resolve()
+        target = Path(real_path(root / rel))
         if not target.is_relative_to(root):
             out.append(F.error("manifest.hook_path_escape", f"[hooks] {hook} = {script!r} is a symlink that leaves "
                                "the plugin directory", "Copy the script into the plugin instead of linking it."))

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from engine import protocol as P
-from engine.filecache import confine
+from engine.filecache import confine, real_path
 from engine.home import Home
 from engine.process import sandbox, warmstart
 from engine.process.hook_call import HookCall, HookResult, StderrCallback
@@ -134,7 +134,7 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
     described by its limits (`cgroup_limits`: the zygote or spawner prepares it); `cgroup_dirs` is one the worker
     made itself, for a hook it spawns."""
     mode = sandbox.mode()
-    home = os.path.realpath(call.home_dir or Home.from_env().root)
+    home = real_path(call.home_dir or Home.from_env().root)
     own_dirs = [d for d in (call.plugin_dir, call.data_dir) if d is not None]
     rlimits: list[tuple[str, int, int]] = []
     if call.max_memory_mb:
@@ -168,7 +168,7 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
 def _path_in_home(path: Path) -> str:
     """The directory's path with its parents resolved but not itself: a plugin dir that is a symlink (a linked dev
     plugin) is bound back where the hook expects it."""
-    return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    return os.path.join(real_path(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
 
 
 def _cgroup_limits(call: HookCall) -> tuple[int, int]:
