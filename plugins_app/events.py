@@ -126,21 +126,31 @@ class StderrPublisher(BatchWriter[dict]):
             log.warning("live stderr not pushed to browsers (%s); kept in the tail", exc)
 
     def _store_tail(self, r: Any, batch: list[dict], dropped: int) -> None:
-        last = r.incrby(_seq_key(), len(batch))
-        first_seq = last - len(batch) + 1
-        pipe = r.pipeline()
-        by_plugin: dict[str, list[dict]] = {}
+        """Number the batch's lines (the `seq` browsers order by and count gaps with) and append them to their
+        plugin's tail and the "all" tail, in one script: numbering and appending are one step for every worker."""
+        keys = [_seq_key(), _dropped_key(), _tail_key(ALL), *(_tail_key(item["plugin"]) for item in batch)]
+        first = int(r.register_script(_TAIL_SCRIPT)(keys, [TAIL_LEN, dropped, *(json.dumps(i) for i in batch)]))
         for i, item in enumerate(batch):
-            item["seq"] = first_seq + i
-            encoded = json.dumps(item)
-            by_plugin.setdefault(item["plugin"], []).append(item)
-            pipe.rpush(_tail_key(item["plugin"]), encoded)
-            pipe.rpush(_tail_key(ALL), encoded)
-        for plugin in [*by_plugin, ALL]:
-            pipe.ltrim(_tail_key(plugin), -TAIL_LEN, -1)
-        if dropped:
-            pipe.incrby(_dropped_key(), dropped)
-        pipe.execute()
+            item["seq"] = first + i
+
+
+# KEYS: seq counter, dropped counter, the "all" tail, then each line's own tail; ARGV: tail length, lines dropped
+# since the last batch, then each line as a JSON object, into which its number goes as "seq".
+_TAIL_SCRIPT = """
+local n = #ARGV - 2
+local first = redis.call('INCRBY', KEYS[1], n) - n + 1
+local tails = {}
+for i = 1, n do
+  local line = '{"seq": ' .. (first + i - 1) .. ', ' .. string.sub(ARGV[i + 2], 2)
+  redis.call('RPUSH', KEYS[i + 3], line)
+  redis.call('RPUSH', KEYS[3], line)
+  tails[KEYS[i + 3]] = true
+end
+tails[KEYS[3]] = true
+for key in pairs(tails) do redis.call('LTRIM', key, -tonumber(ARGV[1]), -1) end
+if tonumber(ARGV[2]) > 0 then redis.call('INCRBY', KEYS[2], ARGV[2]) end
+return first
+"""
 
 
 _publisher: StderrPublisher | None = None

@@ -1,5 +1,6 @@
 """plugins_app/batching.py: what is queued within a writer's linger goes out in one batch, in order; the stderr
-publisher lingers (plugins_app/events.py LINGER_SECS) so its Redis work comes after the answer it follows."""
+publisher (plugins_app/events.py) lingers so its Redis work comes after the answer it follows, and numbers and
+stores a batch's lines in one script."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def test_items_queued_within_the_linger_share_one_batch_in_order():
 
 def test_the_stderr_publisher_lingers_before_publishing():
     assert 0 < StderrPublisher.linger_secs <= 0.05  # live lines stay live (bench: p50 < 20 ms)
+
+
+def test_a_batch_is_numbered_and_appended_to_its_tails_in_one_step(monkeypatch):
+    from plugins_app import bus, events
+
+    monkeypatch.setattr(events, "TAIL_LEN", 3)
+    r = bus.client()
+    before = events.dropped_count()
+    start = int(r.get(events._seq_key()) or 0)
+    publisher = events.StderrPublisher()
+    lines = [{"plugin": p, "hook": "ingest", "line": f"{p} {i}", "ts": 1.0, "trace_id": "t"}
+             for i, p in enumerate(["one", "two", "one", "one", "one"])]
+    publisher._store_tail(r, lines, dropped=2)
+    assert [x["seq"] for x in lines] == [start + 1 + i for i in range(5)]  # numbered for the live sends too
+    assert events.dropped_count() == before + 2
+    # each tail keeps its last TAIL_LEN lines, in order, each line's fields as queued plus its seq
+    assert [x["line"] for x in events.tail("one")] == ["one 2", "one 3", "one 4"]
+    assert [x["line"] for x in events.tail("two")][-1:] == ["two 1"]
+    assert events.tail(None) == [{**x} for x in lines[-3:]]
+    assert [x["seq"] for x in events.tail("one", after_seq=start + 3)] == [start + 4, start + 5]
