@@ -8,6 +8,10 @@ started from each tree, so background load hits both alike. For a before/after o
 Both services run on this checkout's interpreter; each runs its own tree's code (manage.py from its directory).
 CPU per call is daphne's and the worker's own (utime + stime of the two processes; the hook's processes are not
 theirs).
+
+By default calls follow each other at once (back to back: a helper's next spare may not be ready). With `--spawn`
+every call is followed by a direct spawn of the hook, as `make bench`'s REST phase interleaves them: the machine is
+busy between calls, as it is in the figure this is meant to move.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.run import REQUEST, write_plugins  # noqa: E402
+from bench.run import REQUEST, DirectSpawn, write_plugins  # noqa: E402
 from tests.e2e import live  # noqa: E402
 from tests.plugin_factory import write_config  # noqa: E402
 
@@ -75,8 +79,9 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    other = Path(sys.argv[1]).resolve()
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+    args = [a for a in sys.argv[1:] if a != "--spawn"]
+    other = Path(args[0]).resolve()
+    n = int(args[1]) if len(args) > 1 else 400
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="lf-ab-") as tmp:
@@ -86,12 +91,15 @@ def main() -> None:
             for _ in range(50):  # warm: zygotes, caches, connections
                 for a in agents.values():
                     a.call()
+            spawn = DirectSpawn(services["this"].home) if "--spawn" in sys.argv else None
             times: dict[str, list[float]] = {k: [] for k in agents}
             cpu0 = {k: cpu_ms(s) for k, s in services.items()}
             for i in range(n):
                 order = ["other", "this"] if i % 2 else ["this", "other"]
                 for k in order:
                     times[k].append(agents[k].call())
+                    if spawn is not None:
+                        spawn.once()
             cpu = {k: {f"{part}_cpu_ms_per_call": round((v - cpu0[k][part]) / n, 3)
                        for part, v in cpu_ms(s).items()} for k, s in services.items()}
         finally:
@@ -100,7 +108,8 @@ def main() -> None:
     out = {k: {"p50_ms": round(statistics.median(v), 2), "p95_ms": round(pct(v, 95), 2),
                "mean_ms": round(statistics.fmean(v), 2), **cpu[k]} for k, v in times.items()}
     diffs = [t - o for t, o in zip(times["this"], times["other"], strict=True)]
-    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, **out,
+    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, "spawn_between": "--spawn" in sys.argv,
+                      **out,
                       "this_minus_other_p50_ms": round(out["this"]["p50_ms"] - out["other"]["p50_ms"], 2),
                       "paired_difference_median_ms": round(statistics.median(diffs), 2),
                       "loadavg": [load_start, os.getloadavg()]}, indent=1))
