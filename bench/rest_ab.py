@@ -10,8 +10,10 @@ CPU per call is daphne's and the worker's own (utime + stime of the two processe
 theirs).
 
 By default calls follow each other at once (back to back: a helper's next spare may not be ready). With `--spawn`
-every call is followed by a direct spawn of the hook, as `make bench`'s REST phase interleaves them: the machine is
-busy between calls, as it is in the figure this is meant to move.
+every call is followed by a direct spawn of the hook, as `make bench`'s REST phase interleaves them. `--idle=MS`
+then sleeps that long before the next call: `make bench` reads CPU counters between its calls and waits for the
+helpers to settle (bench/run.py settle_helpers, >= 10 ms), so each of its REST calls starts on an idle machine,
+where every hand-over to another process wakes an idle vCPU (see bench/README.md, "idle or busy").
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--spawn"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    idle = next((float(a.split("=", 1)[1]) / 1000 for a in sys.argv if a.startswith("--idle=")), 0.0)
     other = Path(args[0]).resolve()
     n = int(args[1]) if len(args) > 1 else 400
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -100,6 +103,8 @@ def main() -> None:
                     times[k].append(agents[k].call())
                     if spawn is not None:
                         spawn.once()
+                    if idle:
+                        time.sleep(idle)
             cpu = {k: {f"{part}_cpu_ms_per_call": round((v - cpu0[k][part]) / n, 3)
                        for part, v in cpu_ms(s).items()} for k, s in services.items()}
         finally:
@@ -108,7 +113,7 @@ def main() -> None:
     out = {k: {"p50_ms": round(statistics.median(v), 2), "p95_ms": round(pct(v, 95), 2),
                "mean_ms": round(statistics.fmean(v), 2), **cpu[k]} for k, v in times.items()}
     diffs = [t - o for t, o in zip(times["this"], times["other"], strict=True)]
-    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, "spawn_between": "--spawn" in sys.argv,
+    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, "spawn_between": "--spawn" in sys.argv, "idle_ms": idle * 1000,
                       **out,
                       "this_minus_other_p50_ms": round(out["this"]["p50_ms"] - out["other"]["p50_ms"], 2),
                       "paired_difference_median_ms": round(statistics.median(diffs), 2),
