@@ -50,7 +50,7 @@ class FileCache(Generic[T]):
 
 def real_path(path: str | os.PathLike) -> str:
     """os.path.realpath(path), asked of the kernel when the path exists: open it O_PATH (no I/O, no side effect)
-    and read back the name of that descriptor, two syscalls where realpath lstat()s and joins every component in
+    and read back the name of that descriptor, three syscalls where realpath lstat()s and joins every component in
     Python (a hook call checks about nine paths this way). Anything else (a missing path, a name the kernel gives
     as "(deleted)" or not as an absolute path) goes to realpath itself."""
     try:

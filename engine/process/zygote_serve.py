@@ -23,7 +23,7 @@ _NATIVE_READY_SECS = 2.0  # a native spare made for a waiting call prepares in a
 _NATIVE_GIVE_UP = 3  # native spares failing in a row: this spawner stops starting them
 # After the call that took the spare has answered, wait this long before making the next one: making it at once
 # (a fork of this process, then the spare's namespaces and rehearsal, several ms of CPU) competed for a core with the
-# answer on its way back through the worker, Redis and the web tier (warm REST p50 -0.33 to -0.44 ms on 2 cores,
+# answer on its way back through the worker, Redis and the web tier (warm REST p50 -0.31 to -0.59 ms on 2 cores,
 # bench/README.md). Longer pauses cost calls that follow their answer at once (4 ms: +1.2 ms back to back).
 _SPARE_DELAY_SECS = 0.0015
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
@@ -33,8 +33,8 @@ def _serve(ctl, sandbox, spare_program=None):
     """Fork children on request. Returns only inside a forked child: (spec, fds) for a child forked for a call,
     or (None, (socket, shape, rehearse)) for the spare child, which then waits on that socket for its call (having
     entered namespaces of `shape` ahead when it is not None, and rehearsed the hook's start when `rehearse`; see
-    warmstart_zygote.py). `fds` are the call's
-    stdin, stdout, stderr, then the keeper's done pipe, then (exec mode) the exec error pipe.
+    warmstart_zygote.py). `fds` are the call's stdin, stdout, stderr, then the keeper's done pipe, then (exec mode)
+    the exec error pipe.
 
     One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's fds and
     spec. A spare has never run anything but this loop's fork, and it has already joined a fresh cgroup (made
@@ -177,13 +177,13 @@ def _serve(ctl, sandbox, spare_program=None):
                     except OSError:
                         os._exit(0)  # seen as a dead spare: the call is forked on demand
                 return None, (theirs, shape, not hurry)
-            hurry = False
             theirs.close()
             if pid is None:
                 ours.close()
                 remove(paths)
             else:
                 spare = (pid, ours, paths, shape, written, False)
+        hurry = False
         if leftover:
             retry, leftover[:] = list(leftover), []
             remove(retry)
