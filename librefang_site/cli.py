@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlparse, urlunparse
 
@@ -191,7 +192,7 @@ def daphne_argv(listener: socket.socket | None = None) -> list[str]:
             "librefang_site.asgi:application"]
 
 
-def access_log_args(environ) -> list[str]:
+def access_log_args(environ: Mapping[str, str]) -> list[str]:
     """daphne's access log only when LIBREFANG_ACCESS_LOG names where ("-": stdout, else a file). By default daphne
     writes a line per request to stdout, on the event loop before the answer goes out: with agents calling hooks
     that is one line per call of every agent (the calls themselves are recorded: traces, metrics, job records).

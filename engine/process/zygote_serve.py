@@ -154,12 +154,13 @@ def _serve(ctl, sandbox, spare_program=None):
         return pid, ours, paths, the_shape, written, True
 
     while True:
-        delay = spare_after - time.monotonic() if spare is None and waiting is None else 0.0
-        if delay > 0:
-            pass  # the select below wakes up when the pause is over
-        elif spare is None and not draining and waiting is None and spare_program is not None and shape is not None:
+        due = spare is None and not draining and waiting is None  # a spare to make, now or after the pause
+        delay = spare_after - time.monotonic() if due else 0.0
+        if not due or delay > 0:
+            pass  # (the select below wakes up when the pause is over)
+        elif spare_program is not None and shape is not None:
             spare = native_spare_for(shape, last_limits)
-        elif spare is None and not draining and waiting is None:
+        else:
             # Likely the next call's limits too (same plugin): checked, and rewritten if not, when the call arrives.
             paths, written = spare_cgroup(last_limits)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
