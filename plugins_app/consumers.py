@@ -36,6 +36,12 @@ def _authorized(scope, token: str | None) -> bool:
 
 
 class StderrConsumer(AsyncWebsocketConsumer):
+    """Joins its web process's StderrFeed (plugins_app/events.py): live batches and catch-ups from the stored tail
+    are sent one after another, in the order they came (one lock), so lines never overtake each other."""
+
+    feed: events.StderrFeed | None = None
+    pending: frozenset[asyncio.Task] | set[asyncio.Task] = frozenset()
+
     async def connect(self):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.format = (query.get("format") or ["html"])[0]
@@ -48,22 +54,44 @@ class StderrConsumer(AsyncWebsocketConsumer):
         if not await sync_to_async(_authorized)(self.scope, token):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
-        self.group = events.stderr_group(self.plugin)
         self.seen: set[int] = set()
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.sending = asyncio.Lock()
+        self.pending: set[asyncio.Task] = set()
         await self.accept()
-        backlog = await sync_to_async(events.tail)(self.plugin, self.after)
-        await self._send_lines(backlog)
+        self.feed = events.stderr_feed()
+        self.feed.join(self)  # the stored tail first, once the feed is subscribed (catch_up)
 
     async def disconnect(self, code):
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.feed is not None:
+            self.feed.leave(self)
+        for task in self.pending:
+            task.cancel()
 
     async def receive(self, text_data=None, bytes_data=None):
         return  # the stream is one-way; the browser's messages (htmx ws) are ignored
 
-    async def stderr_lines(self, event):
-        await self._send_lines(event["lines"])
+    def lines_arrived(self, lines: list[dict]) -> None:
+        self._in_turn(self._send_lines(lines))
+
+    def catch_up(self) -> None:
+        self._in_turn(self._send_tail())
+
+    def _in_turn(self, step) -> None:
+        task = asyncio.ensure_future(self._locked(step))  # tasks take the (FIFO) lock in the order made
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _locked(self, step) -> None:
+        try:
+            async with self.sending:
+                await step
+        except Exception as exc:  # Redis gone mid catch-up, or the socket closed: the next catch-up resumes
+            log.info("stderr websocket: %s", exc)
+        finally:
+            step.close()  # a step cancelled before its turn never ran
+
+    async def _send_tail(self) -> None:
+        await self._send_lines(await events.atail(self.plugin, max(self.seen, default=self.after)))
 
     async def _send_lines(self, lines: list[dict]) -> None:
         # De-duplicate by seq (not by "greater than the last one"): two workers may publish interleaved batches.

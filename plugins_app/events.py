@@ -1,8 +1,10 @@
-"""Live events: the only module that talks to the Channels layer.
+"""Live events: the only module that talks to the Channels layer, and the one that carries live stderr.
 
 stderr lines get a global sequence number and are kept in a capped tail in Redis, so a browser that (re)connects
 first renders the recent past, then live lines, without losing or repeating any. Publishing runs on one background
-thread per process that batches lines, so a chatty hook never waits on Redis.
+thread per process that batches lines, so a chatty hook never waits on Redis; a batch is numbered, stored and
+published in one Redis script, and each web process holds one subscription for all its stderr websockets
+(StderrFeed) while any is open. Metrics and plugin changes go through the Channels layer's groups.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ TAIL_LEN = 500  # lines kept per plugin (and for "all") for reconnecting browser
 ALL = "_all"
 BATCH_MAX = 200
 QUEUE_MAX = 50_000  # beyond this, lines are dropped and counted (never silently)
-# A hook's line is most often followed by its answer within a millisecond or two: publishing at once (a tail
-# write and two channel-layer sends) took the worker's GIL and a core just as the answer was being handed back.
+# A hook's line is most often followed by its answer within a millisecond or two: publishing at once took the
+# worker's GIL and a core just as the answer was being handed back.
 # Waiting this long first moves that work past the answer (warm REST call p50 -0.47 ms, bench/README.md) and
 # batches a flood of lines; a browser sees a line this much later.
 LINGER_SECS = 0.005
@@ -35,12 +37,8 @@ _GROUP_OK = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 
 def _name_part(plugin: str) -> str:
-    # Channels group names: ASCII alphanumerics, '-', '_', '.', under 100 chars.
+    # a plugin's part of its tail's key: short and plain, whatever the name
     return plugin if _GROUP_OK.match(plugin) else "h" + hashlib.sha1(plugin.encode()).hexdigest()[:20]
-
-
-def stderr_group(plugin: str | None) -> str:
-    return f"stderr.{_name_part(plugin) if plugin else ALL}"
 
 
 METRICS_GROUP = "metrics"
@@ -59,9 +57,30 @@ def _dropped_key() -> str:
     return bus.prefixed_key("stderr", "dropped")
 
 
+def _live_channel() -> str:
+    return bus.prefixed_key("stderr", "live")
+
+
 def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[dict]:
     """Recent lines (oldest first) with seq > after_seq."""
-    raw = bus.client().lrange(_tail_key(plugin or ALL), -limit, -1)
+    return _newer(bus.client().lrange(_tail_key(plugin or ALL), -limit, -1), after_seq)
+
+
+async def atail(plugin: str | None, after_seq: int = 0) -> list[dict]:
+    """`tail` on the event loop, tried again for a second or so: a feed that has just resubscribed after a Redis
+    restart catches up through a pool whose connections may all be stale."""
+    pauses = iter((0.05, 0.2, 1.0))
+    while True:
+        try:
+            return _newer(await bus.aclient().lrange(_tail_key(plugin or ALL), -TAIL_LEN, -1), after_seq)
+        except bus.REDIS_DOWN:
+            pause = next(pauses, None)
+            if pause is None:
+                raise
+            await asyncio.sleep(pause)
+
+
+def _newer(raw: list[str], after_seq: int) -> list[dict]:
     lines = [json.loads(x) for x in raw]
     return [x for x in lines if x["seq"] > after_seq]
 
@@ -82,10 +101,6 @@ class StderrPublisher(BatchWriter[dict]):
         self.put({"plugin": plugin, "hook": hook, "line": line[:8192], "ts": time.time(), "trace_id": trace_id})
 
     def start(self) -> None:
-        # the writer thread drives its own event loop, only to publish a batch
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
-        self._layer = get_channel_layer()
         self._redis = bus.client()
 
     def write(self, batch: list[dict]) -> None:
@@ -94,7 +109,7 @@ class StderrPublisher(BatchWriter[dict]):
         delay = 0.0
         while True:
             try:
-                self._loop.run_until_complete(self._publish(self._layer, self._redis, batch))
+                self._publish(self._redis, batch)
                 if delay:
                     log.warning("stderr publisher: Redis is back")
                 return
@@ -108,49 +123,100 @@ class StderrPublisher(BatchWriter[dict]):
                 self.count_dropped(len(batch))
                 return
 
-    async def _publish(self, layer: Any, r: Any, batch: list[dict]) -> None:
+    def _publish(self, r: Any, batch: list[dict]) -> int:
+        """Number the batch's lines (the `seq` browsers order by and count gaps with), append them to their plugin's
+        tail and the "all" tail, and publish them to the web processes' StderrFeed, in one script: numbering,
+        storing and publishing are one step for every worker, so live lines arrive in seq order. Returns the first
+        line's seq."""
         dropped = self.take_dropped()
+        keys = [_seq_key(), _dropped_key(), _tail_key(ALL), *(_tail_key(item["plugin"]) for item in batch)]
         try:
-            self._store_tail(r, batch, dropped)
+            return int(r.register_script(_TAIL_SCRIPT)(
+                keys, [_live_channel(), TAIL_LEN, dropped, *(json.dumps(i) for i in batch)]))
         except BaseException:
             self.count_dropped(dropped)
             raise
-        by_plugin: dict[str, list[dict]] = {}
-        for item in batch:
-            by_plugin.setdefault(item["plugin"], []).append(item)
-        try:  # the lines are in the tail already: a browser that missed them live re-reads them there
-            for plugin, lines in by_plugin.items():
-                await layer.group_send(stderr_group(plugin), {"type": "stderr.lines", "lines": lines})
-            await layer.group_send(stderr_group(None), {"type": "stderr.lines", "lines": batch})
-        except Exception as exc:
-            log.warning("live stderr not pushed to browsers (%s); kept in the tail", exc)
-
-    def _store_tail(self, r: Any, batch: list[dict], dropped: int) -> None:
-        """Number the batch's lines (the `seq` browsers order by and count gaps with) and append them to their
-        plugin's tail and the "all" tail, in one script: numbering and appending are one step for every worker."""
-        keys = [_seq_key(), _dropped_key(), _tail_key(ALL), *(_tail_key(item["plugin"]) for item in batch)]
-        first = int(r.register_script(_TAIL_SCRIPT)(keys, [TAIL_LEN, dropped, *(json.dumps(i) for i in batch)]))
-        for i, item in enumerate(batch):
-            item["seq"] = first + i
 
 
-# KEYS: seq counter, dropped counter, the "all" tail, then each line's own tail; ARGV: tail length, lines dropped
-# since the last batch, then each line as a JSON object, into which its number goes as "seq".
+# KEYS: seq counter, dropped counter, the "all" tail, then each line's own tail; ARGV: the live channel, tail length,
+# lines dropped since the last batch, then each line as a JSON object, into which its number goes as "seq".
 _TAIL_SCRIPT = """
-local n = #ARGV - 2
+local n = #ARGV - 3
 local first = redis.call('INCRBY', KEYS[1], n) - n + 1
-local tails = {}
+local tails, lines = {}, {}
 for i = 1, n do
-  local line = '{"seq": ' .. (first + i - 1) .. ', ' .. string.sub(ARGV[i + 2], 2)
+  local line = '{"seq": ' .. (first + i - 1) .. ', ' .. string.sub(ARGV[i + 3], 2)
   redis.call('RPUSH', KEYS[i + 3], line)
-  redis.call('RPUSH', KEYS[3], line)
   tails[KEYS[i + 3]] = true
+  lines[i] = line
 end
+redis.call('RPUSH', KEYS[3], unpack(lines))
 tails[KEYS[3]] = true
-for key in pairs(tails) do redis.call('LTRIM', key, -tonumber(ARGV[1]), -1) end
-if tonumber(ARGV[2]) > 0 then redis.call('INCRBY', KEYS[2], ARGV[2]) end
+for key in pairs(tails) do redis.call('LTRIM', key, -tonumber(ARGV[2]), -1) end
+if tonumber(ARGV[3]) > 0 then redis.call('INCRBY', KEYS[2], ARGV[3]) end
+redis.call('PUBLISH', ARGV[1], '[' .. table.concat(lines, ',') .. ']')
 return first
 """
+
+
+class StderrFeed:
+    """Live stderr lines for the websockets of one event loop (one per web process under daphne): ONE Redis
+    subscription to the channel every worker's publisher publishes its numbered batches on, held only while a
+    websocket of this loop watches, each batch handed to the watchers it concerns. Whenever the subscription is
+    (re)made, every watcher catches up from the stored tail (plugins_app/consumers.py): a line published while
+    Redis was away, or before the watcher joined, still arrives, once and in order."""
+
+    def __init__(self) -> None:
+        self.watchers: set[Any] = set()
+        self.subscribed = False
+        self._task: asyncio.Task | None = None
+
+    def join(self, watcher: Any) -> None:
+        """`watcher` gets `lines_arrived(lines)` for live batches and `catch_up()` whenever it may have missed some
+        (at once when the subscription is already up)."""
+        self.watchers.add(watcher)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(bus.subscribe_forever(
+                bus.aclient(), _live_channel(), on_message=self._on_batch, on_subscribed=self._on_subscribed,
+                on_lost=self._on_lost, what="live stderr feed"))
+        elif self.subscribed:
+            watcher.catch_up()
+
+    def leave(self, watcher: Any) -> None:
+        self.watchers.discard(watcher)
+        if not self.watchers and self._task is not None:
+            self._task.cancel()  # nobody of this process watches: Redis sends it nothing
+            self._task = None
+
+    async def _on_subscribed(self) -> None:
+        self.subscribed = True
+        for watcher in list(self.watchers):
+            watcher.catch_up()
+
+    def _on_lost(self) -> None:
+        self.subscribed = False
+
+    def _on_batch(self, data: str) -> None:
+        lines = json.loads(data)
+        for watcher in list(self.watchers):
+            mine = lines if watcher.plugin is None else [ln for ln in lines if ln["plugin"] == watcher.plugin]
+            if mine:
+                watcher.lines_arrived(mine)
+
+
+_feeds: dict[int, StderrFeed] = {}
+
+
+def stderr_feed() -> StderrFeed:
+    """This event loop's feed, made on first use."""
+    loop = asyncio.get_running_loop()
+    feed = _feeds.get(id(loop))
+    if feed is None:
+        for key, old in list(_feeds.items()):  # feeds of loops that are gone (tests)
+            if not old.watchers:
+                del _feeds[key]
+        feed = _feeds[id(loop)] = StderrFeed()
+    return feed
 
 
 _publisher: StderrPublisher | None = None

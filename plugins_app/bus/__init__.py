@@ -4,7 +4,8 @@ Jobs are signed stream entries in one consumer group, so any number of workers o
 them; a worker XACKs a job only after its outcome is stored. Read it in this order:
 
 - keys.py      the Redis key names (all under LIBREFANG_REDIS_PREFIX)
-- clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch
+- clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch, one resilient
+               subscription loop (the reply listener's, and live stderr's in plugins_app/events.py)
 - signing.py   the shared key and the HMAC every job and control entry carries
 - job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
 - hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain
@@ -20,7 +21,15 @@ keys (tests/app/test_bus_boundary.py checks it).
 """
 
 from plugins_app.bus.affinity import host_for, worker_host_id
-from plugins_app.bus.clients import REDIS_DOWN, BusCapacity, BusDraining, BusUnavailable, aclient, client
+from plugins_app.bus.clients import (
+    REDIS_DOWN,
+    BusCapacity,
+    BusDraining,
+    BusUnavailable,
+    aclient,
+    client,
+    subscribe_forever,
+)
 from plugins_app.bus.control import prewarm
 from plugins_app.bus.hub import drain, replies_reachable
 from plugins_app.bus.job import JOB_ORIGIN, PINNED_KINDS, Job, job_fields, parse_job
@@ -35,5 +44,5 @@ __all__ = [
     "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue", "heartbeat_key", "host_for",
     "host_stream_key", "job_fields", "live_workers", "parse_job", "ping", "prefixed_key", "prewarm", "queue_stats",
     "replies_reachable", "reply_key", "sign", "signature_ok", "stream_key", "submit_and_wait", "submit_and_wait_sync",
-    "worker_alive", "worker_host_id",
+    "subscribe_forever", "worker_alive", "worker_host_id",
 ]

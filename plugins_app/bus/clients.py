@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 
 import redis
 import redis.asyncio as aredis
 from django.conf import settings
+
+log = logging.getLogger("librefang.bus")
 
 # Enqueue path: find out fast that Redis is gone, so the agent gets its fallback (or 503) within the deadline.
 CONNECT_TIMEOUT_SECS = 1.0
@@ -54,3 +58,41 @@ def aclient() -> aredis.Redis:
         cl = aredis.Redis(connection_pool=pool)
         _async_clients[key] = cl
     return cl
+
+
+async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callable[[str], None],
+                            on_subscribed: Callable[[], Awaitable[None]], on_lost: Callable[[], None],
+                            on_idle: Callable[[bool], Awaitable[None]] | None = None, what: str = "listener") -> None:
+    """Hold one subscription to `channel` on `r` and hand each message's data to `on_message`, until cancelled.
+
+    Redis lost: `on_lost()`, then resubscribe with a capped backoff (0.1 s doubling to 2 s); `on_subscribed()` runs
+    after every (re)subscription, before any message, so a caller can catch up on what was published meanwhile.
+    `on_idle(quiet)` runs after each wait (quiet: a second passed with no message)."""
+    backoff, up = 0.1, False
+    while True:
+        pubsub = r.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(channel)
+            up, backoff = True, 0.1
+            await on_subscribed()
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None and msg.get("type") == "message":
+                    on_message(msg["data"])
+                if on_idle is not None:
+                    await on_idle(msg is None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if up:
+                log.warning("%s lost Redis (%s); reconnecting", what, exc)
+            up = False
+            on_lost()
+            await asyncio.sleep(backoff)
+            backoff = min(2.0, backoff * 2)
+        finally:
+            on_lost()
+            try:
+                await pubsub.aclose()
+            except Exception:
+                pass

@@ -26,6 +26,7 @@ from plugins_app.bus.clients import (
     BusCapacity,
     BusDraining,
     BusUnavailable,
+    subscribe_forever,
 )
 from plugins_app.bus.keys import reply_channel_prefix, reply_key, stream_key
 
@@ -142,35 +143,24 @@ class Hub:
             await self.r.unlink(*keys)
 
     async def _listen_loop(self) -> None:
-        backoff = 0.1
-        while True:
-            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                self.subscribed, backoff = True, 0.1
-                await self._sweep()
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        job_id, _, raw = msg["data"].partition("\n")
-                        self.deliver(job_id, raw)
-                        self.delivered.append(reply_key(job_id))
-                    if len(self.delivered) >= 200 or (msg is None and self.delivered):
-                        await self._drop_delivered()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.subscribed:
-                    log.warning("reply listener lost Redis (%s); reconnecting", exc)
-                self.subscribed = False
-                await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
-            finally:
-                self.subscribed = False
-                try:
-                    await pubsub.aclose()
-                except Exception:
-                    pass
+        await subscribe_forever(self.r, self.channel, on_message=self._on_reply, on_subscribed=self._on_subscribed,
+                                on_lost=self._on_lost, on_idle=self._on_idle, what="reply listener")
+
+    async def _on_subscribed(self) -> None:
+        self.subscribed = True
+        await self._sweep()
+
+    def _on_lost(self) -> None:
+        self.subscribed = False
+
+    def _on_reply(self, data: str) -> None:
+        job_id, _, raw = data.partition("\n")
+        self.deliver(job_id, raw)
+        self.delivered.append(reply_key(job_id))
+
+    async def _on_idle(self, quiet: bool) -> None:
+        if len(self.delivered) >= 200 or (quiet and self.delivered):
+            await self._drop_delivered()
 
     async def wait(self, job_id: str, fut: asyncio.Future, timeout: float) -> dict | None:
         try:

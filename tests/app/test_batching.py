@@ -42,19 +42,29 @@ def test_the_stderr_publisher_lingers_before_publishing():
     assert 0 < StderrPublisher.linger_secs <= 0.05  # live lines stay live (bench: p50 < 20 ms)
 
 
-def test_a_batch_is_numbered_and_appended_to_its_tails_in_one_step(monkeypatch):
+def test_a_batch_is_numbered_stored_and_published_in_one_step(monkeypatch):
+    import json
+
     from plugins_app import bus, events
 
     monkeypatch.setattr(events, "TAIL_LEN", 3)
     r = bus.client()
+    live = r.pubsub(ignore_subscribe_messages=True)
+    live.subscribe(events._live_channel())
     before = events.dropped_count()
     start = int(r.get(events._seq_key()) or 0)
     publisher = events.StderrPublisher()
+    publisher.count_dropped(2)
     lines = [{"plugin": p, "hook": "ingest", "line": f"{p} {i}", "ts": 1.0, "trace_id": "t"}
              for i, p in enumerate(["one", "two", "one", "one", "one"])]
-    publisher._store_tail(r, lines, dropped=2)
-    assert [x["seq"] for x in lines] == [start + 1 + i for i in range(5)]  # numbered for the live sends too
+    assert publisher._publish(r, lines) == start + 1
+    lines = [{"seq": start + 1 + i, **x} for i, x in enumerate(lines)]
     assert events.dropped_count() == before + 2
+    msg = None
+    for _ in range(50):
+        msg = msg or live.get_message(timeout=0.1)
+    assert msg is not None and json.loads(msg["data"]) == lines  # the web processes' feed gets them numbered
+    live.close()
     # each tail keeps its last TAIL_LEN lines, in order, each line's fields as queued plus its seq
     assert [x["line"] for x in events.tail("one")] == ["one 2", "one 3", "one 4"]
     assert [x["line"] for x in events.tail("two")][-1:] == ["two 1"]

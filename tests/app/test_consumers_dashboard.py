@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -11,10 +12,11 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 
-from plugins_app import events
+from plugins_app import bus, events
 from plugins_app.models import HookMetric
 from plugins_app.routing import websocket_urlpatterns
 from plugins_app.services.tokens import create_token
+from tests.own_redis import OwnRedis
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -66,22 +68,64 @@ async def test_it_refuses_an_unknown_metrics_view(home, user):
     await comm.disconnect()
 
 
-async def test_it_streams_group_lines_as_html_fragments(home, user):
-    comm, connected, _ = await _connect("/ws/stderr/alpha/?after=999999999", user)
+async def _subscribed(timeout: float = 5.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout
+    while not events.stderr_feed().subscribed:
+        assert asyncio.get_running_loop().time() < end, "the live stderr feed never subscribed"
+        await asyncio.sleep(0.01)
+
+
+async def _publish(*lines: tuple[str, str]) -> None:
+    pub = events.StderrPublisher()
+    pub.start()  # what its thread runs first; write() below is what it runs per batch
+    await sync_to_async(pub.write)([{"plugin": p, "hook": "ingest", "line": text, "ts": 1.0, "trace_id": "t"}
+                                    for p, text in lines])
+
+
+async def test_it_streams_its_plugins_live_lines_as_html_fragments(home, user):
+    now = int(await sync_to_async(bus.client().get)(events._seq_key()) or 0)
+    comm, connected, _ = await _connect(f"/ws/stderr/alpha/?after={now}", user)
     assert connected
-    line = {"seq": 10**9 + 1, "plugin": "alpha", "hook": "ingest", "line": "<b>hello</b>", "ts": 1.0}
-    await get_channel_layer().group_send(events.stderr_group("alpha"), {"type": "stderr.lines", "lines": [line]})
+    await _subscribed()
+    await _publish(("beta", "not mine"), ("alpha", "<b>hello</b>"))
     html = await comm.receive_from(timeout=5)
     assert 'id="stderr-lines" hx-swap-oob="beforeend"' in html
-    assert f'data-seq="{10**9 + 1}"' in html and "&lt;b&gt;hello&lt;/b&gt;" in html
-    # the same line again (two workers, a re-sent batch): never repeated
-    await get_channel_layer().group_send(events.stderr_group("alpha"), {"type": "stderr.lines", "lines": [line]})
-    assert await comm.receive_nothing(timeout=0.5)
-    # another plugin's group is not ours
-    await get_channel_layer().group_send(events.stderr_group("beta"),
-                                         {"type": "stderr.lines", "lines": [{**line, "seq": line["seq"] + 1}]})
+    assert f'data-seq="{now + 2}"' in html and "&lt;b&gt;hello&lt;/b&gt;" in html and "not mine" not in html
+    # the same batch again (a re-sent publish): never repeated
+    tail = await sync_to_async(events.tail)("alpha", now)
+    await sync_to_async(bus.client().publish)(events._live_channel(), json.dumps(tail))
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()
+    assert not events.stderr_feed().watchers  # the last watcher gone: the subscription is dropped
+    await asyncio.sleep(0.1)
+    assert not events.stderr_feed().subscribed
+
+
+async def test_it_catches_up_on_lines_published_while_redis_was_away(home, user, tmp_path, settings):
+    redis = OwnRedis(tmp_path)
+    redis.start()
+    settings.REDIS_URL = redis.url
+    try:
+        comm, connected, _ = await _connect("/ws/stderr/?format=json", user)
+        assert connected
+        await _subscribed()
+        await _publish(("alpha", "before"))
+        assert json.loads(await comm.receive_from(timeout=5))["line"] == "before"
+        redis.kill()
+        end = asyncio.get_running_loop().time() + 10
+        while events.stderr_feed().subscribed:  # the feed sees its connection go
+            assert asyncio.get_running_loop().time() < end
+            await asyncio.sleep(0.02)
+        redis.start()  # same port and AOF directory: the tail and the seq counter survive
+        await _publish(("alpha", "during 1"), ("beta", "during 2"))  # likely before the feed is back: in the tail
+        await _publish(("alpha", "after"))
+        got = [json.loads(await comm.receive_from(timeout=10)) for _ in range(3)]
+        assert [g["line"] for g in got] == ["during 1", "during 2", "after"]  # once each, in order
+        assert [g["seq"] for g in got] == sorted(g["seq"] for g in got)
+        assert await comm.receive_nothing(timeout=0.5)
+        await comm.disconnect()
+    finally:
+        redis.stop()
 
 
 async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):

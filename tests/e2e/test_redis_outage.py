@@ -6,18 +6,15 @@ The service (daphne + worker, tests/e2e/live.py) runs against a redis-server of 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.live import LiveService, free_port
+from tests.e2e.live import LiveService
+from tests.own_redis import OwnRedis
 from tests.plugin_factory import make_plugin, write_config
 
 INGEST = """
@@ -37,44 +34,6 @@ print(json.dumps({"type": "ok"}))
 
 OUTAGE_SECS = 4.0
 BACK_WITHIN_SECS = 5.0
-
-
-class OwnRedis:
-    """A redis-server on a free port with AOF (appendfsync everysec) in `dir`; SIGKILL and restart it at will."""
-
-    def __init__(self, root: Path):
-        self.dir = root / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 (the process keeps it)
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            probe = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
-            if probe.stdout.strip() == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("own redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def call(service: LiveService, hook: str, body: dict, timeout: float = 30) -> tuple[int, dict, dict]:

@@ -1,0 +1,49 @@
+"""A redis-server of a test's own, for tests that kill or restart Redis (never the shared one on 6379)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.e2e.live import free_port
+
+
+class OwnRedis:
+    """A redis-server on a free port with AOF (appendfsync everysec) in `dir`; SIGKILL and restart it at will."""
+
+    def __init__(self, root: Path):
+        self.dir = root / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 (the process keeps it)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            probe = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
+            if probe.stdout.strip() == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("own redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
