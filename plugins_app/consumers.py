@@ -36,10 +36,10 @@ def _authorized(scope, token: str | None) -> bool:
 
 
 class StderrConsumer(AsyncWebsocketConsumer):
-    """Joins its web process's StderrFeed (plugins_app/events.py): live batches and catch-ups from the stored tail
-    are sent one after another, in the order they came (one lock), so lines never overtake each other."""
+    """Joins its web process's stderr feed (plugins_app/events.py LiveFeed): live batches and catch-ups from the
+    stored tail are sent one after another, in the order they came (one lock), so lines never overtake each other."""
 
-    feed: events.StderrFeed | None = None
+    feed: events.LiveFeed | None = None
     pending: frozenset[asyncio.Task] | set[asyncio.Task] = frozenset()
 
     async def connect(self):
@@ -70,8 +70,10 @@ class StderrConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         return  # the stream is one-way; the browser's messages (htmx ws) are ignored
 
-    def lines_arrived(self, lines: list[dict]) -> None:
-        self._in_turn(self._send_lines(lines))
+    def live(self, lines: list[dict]) -> None:
+        mine = lines if self.plugin is None else [ln for ln in lines if ln["plugin"] == self.plugin]
+        if mine:
+            self._in_turn(self._send_lines(mine))
 
     def catch_up(self) -> None:
         self._in_turn(self._send_tail())
@@ -128,6 +130,7 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
 
 
 METRICS_VIEWS = ("list", "plugin", "engine")
+EVERY_PLUGIN = events.EVERY_PLUGIN
 THROTTLE_SECS = 0.25  # at most one re-render per this interval: a burst of calls becomes one message
 GATHER_SECS = 0.03  # a first change waits only this long for its siblings (one recording batch)
 
@@ -154,12 +157,16 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         self.state_changed: dict[str, str] = {}
         self.flusher: asyncio.Task | None = None
         self.last_flush = 0.0
-        self.groups_joined = [events.METRICS_GROUP, events.PLUGINS_GROUP]
+        self.groups_joined = [events.PLUGINS_GROUP]
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
+        self.feed = events.metrics_feed()
+        self.feed.join(self)
 
     async def disconnect(self, code):
+        if getattr(self, "feed", None) is not None:
+            self.feed.leave(self)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "flusher", None):
@@ -168,9 +175,18 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         return
 
-    async def metrics_changed(self, event):
-        for change in event.get("changes", []):
+    def catch_up(self) -> None:
+        """The metrics feed (re)subscribed: what changed while it was away is not known, so everything shown is
+        re-rendered (nothing on the first subscription: the page was rendered just before)."""
+        if getattr(self, "caught_up", False):
+            self.live([{"plugin": EVERY_PLUGIN, "hook": "*"}])
+        self.caught_up = True
+
+    def live(self, changes: list[dict]) -> None:
+        for change in changes:
             plugin, hook = change.get("plugin"), change.get("hook")
+            if plugin == EVERY_PLUGIN and self.view == "plugin":  # a reset of all metrics concerns this plugin too
+                plugin = self.plugin
             if not plugin or (self.view == "plugin" and plugin != self.plugin):
                 continue
             self.pending.setdefault(plugin, set()).add(hook)
@@ -213,6 +229,8 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
     parts: list[str] = []  # table rows
     other: list[str] = []  # everything else
     if view == "list":
+        if EVERY_PLUGIN in pending:  # all metrics reset, or a feed that was away: every row
+            pending = {row["plugin"].name: set() for row in dashboard.plugin_rows()}
         if states:  # enabled/disabled/config changes move the serving chain shown in the page head
             other.append(render_to_string("plugins_app/partials/engine_summary.html",
                                           {"chain": dashboard.plugin_selectors.active_chain(), "oob": True}))

@@ -4,7 +4,8 @@ stderr lines get a global sequence number and are kept in a capped tail in Redis
 first renders the recent past, then live lines, without losing or repeating any. Publishing runs on one background
 thread per process that batches lines, so a chatty hook never waits on Redis; a batch is numbered, stored and
 published in one Redis script, and each web process holds one subscription for all its stderr websockets
-(StderrFeed) while any is open. Metrics and plugin changes go through the Channels layer's groups.
+(LiveFeed) while any is open; metrics changes travel the same way. Plugin changes (rare) go through the Channels
+layer's group.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def _name_part(plugin: str) -> str:
     return plugin if _GROUP_OK.match(plugin) else "h" + hashlib.sha1(plugin.encode()).hexdigest()[:20]
 
 
-METRICS_GROUP = "metrics"
 PLUGINS_GROUP = "plugins"
+EVERY_PLUGIN = "*"  # a metrics change that concerns every plugin (plugins_app/services/metrics.py reset_metrics)
 
 
 def _tail_key(plugin: str) -> str:
@@ -59,6 +60,10 @@ def _dropped_key() -> str:
 
 def _live_channel() -> str:
     return bus.prefixed_key("stderr", "live")
+
+
+def _metrics_channel() -> str:
+    return bus.prefixed_key("metrics", "live")
 
 
 def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[dict]:
@@ -125,7 +130,7 @@ class StderrPublisher(BatchWriter[dict]):
 
     def _publish(self, r: Any, batch: list[dict]) -> int:
         """Number the batch's lines (the `seq` browsers order by and count gaps with), append them to their plugin's
-        tail and the "all" tail, and publish them to the web processes' StderrFeed, in one script: numbering,
+        tail and the "all" tail, and publish them to the web processes' stderr feeds (LiveFeed), in one script: numbering,
         storing and publishing are one step for every worker, so live lines arrive in seq order. Returns the first
         line's seq."""
         dropped = self.take_dropped()
@@ -159,26 +164,25 @@ return first
 """
 
 
-class StderrFeed:
-    """Live stderr lines for the websockets of one event loop (one per web process under daphne): ONE Redis
-    subscription to the channel every worker's publisher publishes its numbered batches on, held only while a
-    websocket of this loop watches, each batch handed to the watchers it concerns. Whenever the subscription is
-    (re)made, every watcher catches up from the stored tail (plugins_app/consumers.py): a line published while
-    Redis was away, or before the watcher joined, still arrives, once and in order."""
+class LiveFeed:
+    """What workers publish on one Redis channel, for the websockets of one event loop (one per web process under
+    daphne): ONE subscription, held only while a websocket of this loop watches, each message (JSON) handed to every
+    watcher's `live(payload)`. Whenever the subscription is (re)made, every watcher's `catch_up()` runs: for stderr
+    (plugins_app/consumers.py) a line published while Redis was away, or before the watcher joined, is read back
+    from the stored tail, so it still arrives, once and in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
         self.watchers: set[Any] = set()
         self.subscribed = False
         self._task: asyncio.Task | None = None
 
     def join(self, watcher: Any) -> None:
-        """`watcher` gets `lines_arrived(lines)` for live batches and `catch_up()` whenever it may have missed some
-        (at once when the subscription is already up)."""
         self.watchers.add(watcher)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(bus.subscribe_forever(
-                bus.aclient(), _live_channel(), on_message=self._on_batch, on_subscribed=self._on_subscribed,
-                on_lost=self._on_lost, what="live stderr feed"))
+                bus.aclient(), self.channel, on_message=self._on_message, on_subscribed=self._on_subscribed,
+                on_lost=self._on_lost, what=f"live feed {self.channel}"))
         elif self.subscribed:
             watcher.catch_up()
 
@@ -196,27 +200,34 @@ class StderrFeed:
     def _on_lost(self) -> None:
         self.subscribed = False
 
-    def _on_batch(self, data: str) -> None:
-        lines = json.loads(data)
+    def _on_message(self, data: str) -> None:
+        payload = json.loads(data)
         for watcher in list(self.watchers):
-            mine = lines if watcher.plugin is None else [ln for ln in lines if ln["plugin"] == watcher.plugin]
-            if mine:
-                watcher.lines_arrived(mine)
+            watcher.live(payload)
 
 
-_feeds: dict[int, StderrFeed] = {}
+_feeds: dict[tuple[int, str], LiveFeed] = {}
 
 
-def stderr_feed() -> StderrFeed:
-    """This event loop's feed, made on first use."""
+def _feed(channel: str) -> LiveFeed:
     loop = asyncio.get_running_loop()
-    feed = _feeds.get(id(loop))
+    feed = _feeds.get((id(loop), channel))
     if feed is None:
         for key, old in list(_feeds.items()):  # feeds of loops that are gone (tests)
             if not old.watchers:
                 del _feeds[key]
-        feed = _feeds[id(loop)] = StderrFeed()
+        feed = _feeds[(id(loop), channel)] = LiveFeed(channel)
     return feed
+
+
+def stderr_feed() -> LiveFeed:
+    """This event loop's feed of numbered stderr batches (lists of lines), made on first use."""
+    return _feed(_live_channel())
+
+
+def metrics_feed() -> LiveFeed:
+    """This event loop's feed of metrics changes (lists of {"plugin", "hook"}), made on first use."""
+    return _feed(_metrics_channel())
 
 
 _publisher: StderrPublisher | None = None
@@ -229,26 +240,22 @@ def publisher() -> StderrPublisher:
     return _publisher
 
 
-def metrics_changed(changes: list[dict], loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Tell dashboards which plugin/hook metrics moved (they re-render from the database). `loop`: an event loop the
-    calling thread keeps for its sends (the worker's invocation writer, plugins_app/services/recording.py); without
-    one, async_to_sync makes a thread, an event loop and a Redis connection for each event (≈3 ms of CPU)."""
-    if changes:
-        _send_sync(METRICS_GROUP, {"type": "metrics.changed", "changes": changes}, loop)
+def metrics_changed(changes: list[dict]) -> None:
+    """Tell dashboards which plugin/hook metrics moved (they re-render from the database): one PUBLISH, which the
+    web processes' metrics feeds get while a dashboard watches."""
+    if not changes:
+        return
+    try:
+        bus.client().publish(_metrics_channel(), json.dumps(changes))
+    except bus.REDIS_DOWN as exc:  # Redis outage: dashboards re-read the database when they reconnect
+        log.warning("could not publish metrics changes: Redis unreachable (%s)", exc)
 
 
 def plugin_changed(name: str, what: str) -> None:
-    _send_sync(PLUGINS_GROUP, {"type": "plugin.changed", "plugin": name, "what": what})
-
-
-def _send_sync(group: str, message: dict, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    message = {"type": "plugin.changed", "plugin": name, "what": what}
     try:
-        if loop is None:
-            async_to_sync(get_channel_layer().group_send)(group, message)
-        else:
-            loop.run_until_complete(get_channel_layer().group_send(group, message))
+        async_to_sync(get_channel_layer().group_send)(PLUGINS_GROUP, message)
     except bus.REDIS_DOWN as exc:  # Redis outage: dashboards re-read the database when they reconnect
-        log.warning("could not publish %s event: Redis unreachable (%s)", message.get("type"), exc)
+        log.warning("could not publish %s event: Redis unreachable (%s)", message["type"], exc)
     except Exception:
-        log.warning("could not publish %s event", message.get("type"), exc_info=True)
-
+        log.warning("could not publish %s event", message["type"], exc_info=True)

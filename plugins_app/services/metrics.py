@@ -20,5 +20,5 @@ def reset_metrics(actor: str, plugin: str | None = None) -> dict:
         buckets.delete()
         hours.delete()
     audit.record(actor, "metrics.reset", plugin or "*", details={"rows": removed})
-    events.metrics_changed([{"plugin": plugin or "*", "hook": "*", "reset": True}])
+    events.metrics_changed([{"plugin": plugin or events.EVERY_PLUGIN, "hook": "*", "reset": True}])
     return {"reset": True, "plugin": plugin, "rows_removed": removed}

@@ -6,7 +6,6 @@ database; dashboards are told which metrics moved.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import functools
 import json
@@ -171,11 +170,6 @@ class DbInvocationSink(BatchWriter[Invocation]):
     def __init__(self) -> None:
         super().__init__()
         self._written = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> None:
-        # the writer thread's own event loop, for the dashboards' events: kept, not made per batch
-        self._loop = asyncio.new_event_loop()
 
     def record(self, invocation: Invocation) -> None:
         self.put(invocation)
@@ -200,5 +194,4 @@ class DbInvocationSink(BatchWriter[Invocation]):
         self._written += len(batch)
         if self._written // PRUNE_EVERY != before // PRUNE_EVERY:
             prune_traces()
-        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})],
-                               self._loop)
+        events.metrics_changed([{"plugin": p, "hook": h} for p, h in sorted({(i.plugin, i.hook) for i in batch})])

@@ -1,4 +1,4 @@
-"""Websocket consumers with channels' WebsocketCommunicator over the real Redis channel layer."""
+"""Websocket consumers with channels' WebsocketCommunicator over the real Redis channel layer and live feeds."""
 
 from __future__ import annotations
 
@@ -68,11 +68,18 @@ async def test_it_refuses_an_unknown_metrics_view(home, user):
     await comm.disconnect()
 
 
-async def _subscribed(timeout: float = 5.0) -> None:
+async def _subscribed(feed: events.LiveFeed | None = None, timeout: float = 5.0) -> None:
+    feed = feed or events.stderr_feed()
     end = asyncio.get_running_loop().time() + timeout
-    while not events.stderr_feed().subscribed:
-        assert asyncio.get_running_loop().time() < end, "the live stderr feed never subscribed"
+    while not feed.subscribed:
+        assert asyncio.get_running_loop().time() < end, f"the live feed {feed.channel} never subscribed"
         await asyncio.sleep(0.01)
+
+
+async def _changed(changes: list[dict]) -> None:
+    """What the worker's invocation writer publishes after a batch, once this loop's metrics feed listens."""
+    await _subscribed(events.metrics_feed())
+    await sync_to_async(events.metrics_changed)(changes)
 
 
 async def _publish(*lines: tuple[str, str]) -> None:
@@ -157,8 +164,7 @@ async def test_it_pushes_re_rendered_plugin_rows_on_metrics_changed(home, user):
     await sync_to_async(HookMetricBucket.objects.create)(
         plugin="delta", hook="ingest", minute=timezone.now().replace(second=0, microsecond=0), calls=7,
         latency_ms_total=70, histogram={"10": 7})
-    await get_channel_layer().group_send(events.METRICS_GROUP, {"type": "metrics.changed",
-                                                                "changes": [{"plugin": "delta", "hook": "ingest"}]})
+    await _changed([{"plugin": "delta", "hook": "ingest"}])
     html = await comm.receive_from(timeout=5)
     assert '<tr id="plugin-row-delta" hx-swap-oob="outerHTML"' in html
     assert 'data-metric="calls">7<' in html
@@ -170,8 +176,7 @@ async def test_it_pushes_hook_rows_and_state_for_the_plugin_view_only(home, user
     comm, connected, _ = await _connect("/ws/metrics/?view=plugin&plugin=eps", user)
     assert connected
     layer = get_channel_layer()
-    await layer.group_send(events.METRICS_GROUP, {"type": "metrics.changed",
-                                                  "changes": [{"plugin": "other", "hook": "ingest"}]})
+    await _changed([{"plugin": "other", "hook": "ingest"}])
     assert await comm.receive_nothing(timeout=0.6)  # not this plugin
     await layer.group_send(events.PLUGINS_GROUP, {"type": "plugin.changed", "plugin": "eps", "what": "disabled"})
     rows = await comm.receive_from(timeout=5)
@@ -189,8 +194,7 @@ async def test_it_pushes_engine_totals_for_the_engine_view(home, user):
     comm, connected, _ = await _connect("/ws/metrics/?view=engine", user)
     assert connected
     await sync_to_async(HookMetric.objects.create)(plugin="zeta", hook="compact", calls=4, failures=1)
-    await get_channel_layer().group_send(events.METRICS_GROUP, {"type": "metrics.changed",
-                                                                "changes": [{"plugin": "zeta", "hook": "compact"}]})
+    await _changed([{"plugin": "zeta", "hook": "compact"}])
     html = await comm.receive_from(timeout=5)
     assert '<tbody id="engine-hook-rows" hx-swap-oob="outerHTML">' in html
     row = html.split('id="engine-hook-compact"')[1].split("</tr>")[0]
@@ -208,18 +212,50 @@ async def test_it_coalesces_a_burst_of_changes_into_one_message(home, user, monk
     await sync_to_async(make_plugin)(home.plugins_dir, "eta", {"ingest": PY_ECHO_INGEST})
     comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
     assert connected
-    layer = get_channel_layer()
     for _ in range(5):
-        await layer.group_send(events.METRICS_GROUP, {"type": "metrics.changed",
-                                                      "changes": [{"plugin": "eta", "hook": "ingest"}]})
+        await _changed([{"plugin": "eta", "hook": "ingest"}])
     html = await comm.receive_from(timeout=10)
     assert html.count('id="plugin-row-eta"') == 1
     # A marker change sent after the burst: the consumer handles its messages in order, so any re-render left over
     # from the burst would reach the socket before the marker's own message.
-    await layer.group_send(events.METRICS_GROUP, {"type": "metrics.changed",
-                                                  "changes": [{"plugin": "marker", "hook": "ingest"}]})
+    await _changed([{"plugin": "marker", "hook": "ingest"}])
     html = await comm.receive_from(timeout=10)
     assert "plugin-row-eta" not in html and '<tr id="plugin-row-marker" hx-swap-oob="delete"></tr>' in html
+    await comm.disconnect()
+
+
+async def test_it_re_renders_every_row_when_the_metrics_feed_comes_back(home, user, tmp_path, settings):
+    await sync_to_async(make_plugin)(home.plugins_dir, "iota", {"ingest": PY_ECHO_INGEST})
+    await sync_to_async(make_plugin)(home.plugins_dir, "kappa", {"ingest": PY_ECHO_INGEST})
+    redis = OwnRedis(tmp_path)
+    redis.start()
+    settings.REDIS_URL = redis.url
+    try:
+        comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
+        assert connected
+        await _subscribed(events.metrics_feed())
+        assert await comm.receive_nothing(timeout=0.5)  # the first subscription: the page is fresh
+        redis.kill()
+        end = asyncio.get_running_loop().time() + 10
+        while events.metrics_feed().subscribed:
+            assert asyncio.get_running_loop().time() < end
+            await asyncio.sleep(0.02)
+        await sync_to_async(HookMetric.objects.create)(plugin="kappa", hook="ingest", calls=3, successes=3)
+        redis.start()  # a change announced while Redis was away is lost: the feed's return re-renders every row
+        html = await comm.receive_from(timeout=10)
+        assert '<tr id="plugin-row-iota" hx-swap-oob="outerHTML"' in html
+        assert '<tr id="plugin-row-kappa" hx-swap-oob="outerHTML"' in html
+        await comm.disconnect()
+    finally:
+        redis.stop()
+
+
+async def test_a_reset_of_all_metrics_reaches_the_plugin_view(home, user):
+    await sync_to_async(make_plugin)(home.plugins_dir, "lambda", {"ingest": PY_ECHO_INGEST})
+    comm, connected, _ = await _connect("/ws/metrics/?view=plugin&plugin=lambda", user)
+    assert connected
+    await _changed([{"plugin": events.EVERY_PLUGIN, "hook": "*", "reset": True}])
+    assert '<tbody id="hook-rows" hx-swap-oob="outerHTML">' in await comm.receive_from(timeout=5)
     await comm.disconnect()
 
 
