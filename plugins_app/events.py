@@ -172,6 +172,7 @@ class LiveFeed:
     from the stored tail, so it still arrives, once and in order."""
 
     def __init__(self, channel: str) -> None:
+        self.loop = asyncio.get_running_loop()
         self.channel = channel
         self.watchers: set[Any] = set()
         self.subscribed = False
@@ -180,9 +181,7 @@ class LiveFeed:
     def join(self, watcher: Any) -> None:
         self.watchers.add(watcher)
         if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(bus.subscribe_forever(
-                bus.aclient(), self.channel, on_message=self._on_message, on_subscribed=self._on_subscribed,
-                on_lost=self._on_lost, what=f"live feed {self.channel}"))
+            self._task = asyncio.ensure_future(self._subscription())
         elif self.subscribed:
             watcher.catch_up()
 
@@ -190,20 +189,37 @@ class LiveFeed:
         self.watchers.discard(watcher)
         if not self.watchers and self._task is not None:
             self._task.cancel()  # nobody of this process watches: Redis sends it nothing
-            self._task = None
+            self._task, self.subscribed = None, False
 
-    async def _on_subscribed(self) -> None:
-        self.subscribed = True
-        for watcher in list(self.watchers):
-            watcher.catch_up()
+    async def _subscription(self) -> None:
+        """One subscription's life. Its callbacks act only while it is the feed's current one: a cancelled
+        subscription still closing must not mark its successor's state."""
+        task = asyncio.current_task()
 
-    def _on_lost(self) -> None:
-        self.subscribed = False
+        def lost() -> None:
+            if self._task is task:
+                self.subscribed = False
+
+        async def subscribed() -> None:
+            if self._task is task:
+                self.subscribed = True
+                for watcher in list(self.watchers):
+                    watcher.catch_up()
+
+        await bus.subscribe_forever(bus.aclient(), self.channel, on_message=self._on_message,
+                                    on_subscribed=subscribed, on_lost=lost, what=f"live feed {self.channel}")
 
     def _on_message(self, data: str) -> None:
-        payload = json.loads(data)
+        try:
+            payload = json.loads(data)
+        except ValueError:  # not ours (anyone may PUBLISH): ignored, the subscription stays
+            log.warning("live feed %s: ignored a message that is not JSON", self.channel)
+            return
         for watcher in list(self.watchers):
-            watcher.live(payload)
+            try:
+                watcher.live(payload)
+            except Exception:  # one websocket's trouble is not the others'
+                log.exception("live feed %s: a watcher failed on a message", self.channel)
 
 
 _feeds: dict[tuple[int, str], LiveFeed] = {}
@@ -212,9 +228,9 @@ _feeds: dict[tuple[int, str], LiveFeed] = {}
 def _feed(channel: str) -> LiveFeed:
     loop = asyncio.get_running_loop()
     feed = _feeds.get((id(loop), channel))
-    if feed is None:
-        for key, old in list(_feeds.items()):  # feeds of loops that are gone (tests)
-            if not old.watchers:
+    if feed is None or feed.loop is not loop:  # (a new loop may reuse a closed one's id: tests)
+        for key, old in list(_feeds.items()):  # feeds of loops that are gone
+            if old.loop.is_closed():
                 del _feeds[key]
         feed = _feeds[(id(loop), channel)] = LiveFeed(channel)
     return feed

@@ -38,7 +38,7 @@ ASYNC_OPTIONS = {"decode_responses": True, "socket_timeout": SOCKET_TIMEOUT_SECS
                  "socket_connect_timeout": CONNECT_TIMEOUT_SECS, "socket_keepalive": True,
                  "health_check_interval": 30}
 _sync_pools: dict[str, redis.ConnectionPool] = {}
-_async_clients: dict[tuple[int, str], aredis.Redis] = {}
+_async_clients: dict[tuple[int, str], tuple[asyncio.AbstractEventLoop, aredis.Redis]] = {}
 
 
 def client() -> redis.Redis:
@@ -50,14 +50,14 @@ def client() -> redis.Redis:
 
 def aclient() -> aredis.Redis:
     """One asyncio client per event loop for short commands (health, stats); waits queue for a connection."""
-    key = (id(asyncio.get_running_loop()), settings.REDIS_URL)
-    cl = _async_clients.get(key)
-    if cl is None:
+    loop = asyncio.get_running_loop()
+    key = (id(loop), settings.REDIS_URL)
+    cached = _async_clients.get(key)
+    if cached is None or cached[0] is not loop:  # a new loop may reuse a closed one's id (tests, async_to_sync)
         pool = aredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=32,
                                                       timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
-        cl = aredis.Redis(connection_pool=pool)
-        _async_clients[key] = cl
-    return cl
+        cached = _async_clients[key] = (loop, aredis.Redis(connection_pool=pool))
+    return cached[1]
 
 
 async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callable[[str], None],
@@ -69,6 +69,7 @@ async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callab
     after every (re)subscription, before any message, so a caller can catch up on what was published meanwhile.
     `on_idle(quiet)` runs after each wait (quiet: a second passed with no message)."""
     backoff, up = 0.1, False
+    task = asyncio.current_task()
     while True:
         pubsub = r.pubsub(ignore_subscribe_messages=True)
         try:
@@ -77,6 +78,11 @@ async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callab
             await on_subscribed()
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if task is not None and task.cancelling():
+                    # redis-py's get_message can return although this task was cancelled (seen when a websocket
+                    # joined and left a live feed at once: tests/app/test_consumers_dashboard.py hung at teardown
+                    # 1 run in 2); without this check the loop would never end
+                    raise asyncio.CancelledError
                 if msg is not None and msg.get("type") == "message":
                     on_message(msg["data"])
                 if on_idle is not None:
@@ -84,6 +90,8 @@ async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callab
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if task is not None and task.cancelling():  # a cancellation redis-py turned into an error: still ours
+                raise asyncio.CancelledError from exc
             if up:
                 log.warning("%s lost Redis (%s); reconnecting", what, exc)
             up = False
