@@ -108,31 +108,40 @@ async def test_it_streams_its_plugins_live_lines_as_html_fragments(home, user):
     assert not events.stderr_feed().subscribed
 
 
-async def test_it_catches_up_on_lines_published_while_redis_was_away(home, user, tmp_path, settings):
+@pytest.fixture
+def own_redis(tmp_path, settings):
+    """A redis-server of this test's own (it gets killed), and the app pointed at it."""
     redis = OwnRedis(tmp_path)
     redis.start()
     settings.REDIS_URL = redis.url
-    try:
-        comm, connected, _ = await _connect("/ws/stderr/?format=json", user)
-        assert connected
-        await _subscribed()
-        await _publish(("alpha", "before"))
-        assert json.loads(await comm.receive_from(timeout=5))["line"] == "before"
-        redis.kill()
-        end = asyncio.get_running_loop().time() + 10
-        while events.stderr_feed().subscribed:  # the feed sees its connection go
-            assert asyncio.get_running_loop().time() < end
-            await asyncio.sleep(0.02)
-        redis.start()  # same port and AOF directory: the tail and the seq counter survive
-        await _publish(("alpha", "during 1"), ("beta", "during 2"))  # likely before the feed is back: in the tail
-        await _publish(("alpha", "after"))
-        got = [json.loads(await comm.receive_from(timeout=10)) for _ in range(3)]
-        assert [g["line"] for g in got] == ["during 1", "during 2", "after"]  # once each, in order
-        assert [g["seq"] for g in got] == sorted(g["seq"] for g in got)
-        assert await comm.receive_nothing(timeout=0.5)
-        await comm.disconnect()
-    finally:
-        redis.stop()
+    yield redis
+    redis.stop()
+
+
+async def _kill_under(redis: OwnRedis, feed: events.LiveFeed) -> None:
+    """SIGKILL `redis` and wait until `feed` has seen its connection go."""
+    redis.kill()
+    end = asyncio.get_running_loop().time() + 10
+    while feed.subscribed:
+        assert asyncio.get_running_loop().time() < end
+        await asyncio.sleep(0.02)
+
+
+async def test_it_catches_up_on_lines_published_while_redis_was_away(home, user, own_redis):
+    comm, connected, _ = await _connect("/ws/stderr/?format=json", user)
+    assert connected
+    await _subscribed()
+    await _publish(("alpha", "before"))
+    assert json.loads(await comm.receive_from(timeout=5))["line"] == "before"
+    await _kill_under(own_redis, events.stderr_feed())
+    own_redis.start()  # same port and AOF directory: the tail and the seq counter survive
+    await _publish(("alpha", "during 1"), ("beta", "during 2"))  # likely before the feed is back: in the tail
+    await _publish(("alpha", "after"))
+    got = [json.loads(await comm.receive_from(timeout=10)) for _ in range(3)]
+    assert [g["line"] for g in got] == ["during 1", "during 2", "after"]  # once each, in order
+    assert [g["seq"] for g in got] == sorted(g["seq"] for g in got)
+    assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
 
 
 async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):
@@ -224,30 +233,27 @@ async def test_it_coalesces_a_burst_of_changes_into_one_message(home, user, monk
     await comm.disconnect()
 
 
-async def test_it_re_renders_every_row_when_the_metrics_feed_comes_back(home, user, tmp_path, settings):
+async def test_it_re_renders_every_row_when_the_metrics_feed_comes_back(home, user, own_redis):
     await sync_to_async(make_plugin)(home.plugins_dir, "iota", {"ingest": PY_ECHO_INGEST})
     await sync_to_async(make_plugin)(home.plugins_dir, "kappa", {"ingest": PY_ECHO_INGEST})
-    redis = OwnRedis(tmp_path)
-    redis.start()
-    settings.REDIS_URL = redis.url
-    try:
-        comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
-        assert connected
-        await _subscribed(events.metrics_feed())
-        assert await comm.receive_nothing(timeout=0.5)  # the first subscription: the page is fresh
-        redis.kill()
-        end = asyncio.get_running_loop().time() + 10
-        while events.metrics_feed().subscribed:
-            assert asyncio.get_running_loop().time() < end
-            await asyncio.sleep(0.02)
-        await sync_to_async(HookMetric.objects.create)(plugin="kappa", hook="ingest", calls=3, successes=3)
-        redis.start()  # a change announced while Redis was away is lost: the feed's return re-renders every row
-        html = await comm.receive_from(timeout=10)
-        assert '<tr id="plugin-row-iota" hx-swap-oob="outerHTML"' in html
-        assert '<tr id="plugin-row-kappa" hx-swap-oob="outerHTML"' in html
-        await comm.disconnect()
-    finally:
-        redis.stop()
+    comm, connected, _ = await _connect("/ws/metrics/?view=list", user)
+    assert connected
+    await _subscribed(events.metrics_feed())
+    assert await comm.receive_nothing(timeout=0.5)  # the first subscription: the page is fresh
+    await _kill_under(own_redis, events.metrics_feed())
+    from django.utils import timezone
+
+    from plugins_app.models import HookMetricBucket
+
+    await sync_to_async(HookMetricBucket.objects.create)(
+        plugin="kappa", hook="ingest", minute=timezone.now().replace(second=0, microsecond=0), calls=3,
+        latency_ms_total=30, histogram={"10": 3})
+    own_redis.start()  # a change announced while Redis was away is lost: the feed's return re-renders every row
+    html = await comm.receive_from(timeout=10)
+    assert '<tr id="plugin-row-iota" hx-swap-oob="outerHTML"' in html
+    assert '<tr id="plugin-row-kappa" hx-swap-oob="outerHTML"' in html
+    assert 'data-metric="calls">3<' in html.split('id="plugin-row-kappa"')[1].split("</tr>")[0]
+    await comm.disconnect()
 
 
 async def test_a_reset_of_all_metrics_reaches_the_plugin_view(home, user):
