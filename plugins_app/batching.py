@@ -68,15 +68,7 @@ class BatchWriter(Generic[T]):
 
     def _next_batch(self) -> list[T]:
         batch = [self._q.get()]
-        until = time.monotonic() + self.linger_secs
-        while len(batch) < self.batch_max:
-            try:
-                if self.linger_secs:
-                    batch.append(self._q.get(timeout=max(0.0, until - time.monotonic())))
-                else:
-                    batch.append(self._q.get_nowait())
-            except queue.Empty:
-                break
+        take_lingering(self._q, batch, self.batch_max, self.linger_secs)
         return batch
 
     def _run(self) -> None:
@@ -91,3 +83,16 @@ class BatchWriter(Generic[T]):
             finally:
                 for _ in batch:
                     self._q.task_done()
+
+
+def take_lingering(q: queue.Queue, batch: list, batch_max: int, linger_secs: float) -> None:
+    """Add to `batch` (which holds the first item) what `q` holds once `linger_secs` have passed, up to `batch_max`.
+    The writer sleeps through its linger rather than waiting on the queue: every put would wake it, only for it to
+    wait again (a thread switch per item, on the job threads' cores). A batch already full does not wait."""
+    if linger_secs and q.qsize() < batch_max - len(batch):
+        time.sleep(linger_secs)
+    while len(batch) < batch_max:
+        try:
+            batch.append(q.get_nowait())
+        except queue.Empty:
+            return

@@ -20,6 +20,7 @@ from django.db import IntegrityError
 from engine import protocol as P
 from engine.plugins.bundles import BundleError
 from engine.ports import CURRENT_ORIGIN
+from plugins_app.batching import take_lingering
 from plugins_app.bus import Job, JobStream
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
@@ -185,20 +186,11 @@ class OutcomeWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            batch, stopping = [], item is None
-            if item is not None:
-                batch.append(item)
-            until = time.monotonic() + self.LINGER_SECS
-            while not stopping and len(batch) < self.BATCH_MAX:
-                try:
-                    item = self._q.get(timeout=max(0.0, until - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                else:
-                    batch.append(item)
+            batch = [self._q.get()]
+            if batch[0] is not None:
+                take_lingering(self._q, batch, self.BATCH_MAX, self.LINGER_SECS)
+            stopping = None in batch  # close()'s sentinel, the last thing queued
+            batch = [item for item in batch if item is not None]
             if batch:
                 self._write(batch)
             if stopping:
