@@ -142,6 +142,9 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     recent traces; view=engine: engine-wide per-hook totals and the chain. Every fragment is an hx-swap-oob
     element, so the htmx ws extension swaps it by id."""
 
+    feed: events.LiveFeed | None = None
+    caught_up = False  # the feed's first subscription is behind it
+
     async def connect(self):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         token = (query.get("token") or [None])[0]
@@ -165,7 +168,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         self.feed.join(self)
 
     async def disconnect(self, code):
-        if getattr(self, "feed", None) is not None:
+        if self.feed is not None:
             self.feed.leave(self)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -178,7 +181,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     def catch_up(self) -> None:
         """The metrics feed (re)subscribed: what changed while it was away is not known, so everything shown is
         re-rendered (nothing on the first subscription: the page was rendered just before)."""
-        if getattr(self, "caught_up", False):
+        if self.caught_up:
             self.live([{"plugin": EVERY_PLUGIN, "hook": "*"}])
         self.caught_up = True
 

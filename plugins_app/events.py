@@ -263,8 +263,10 @@ def metrics_changed(changes: list[dict]) -> None:
         return
     try:
         bus.client().publish(_metrics_channel(), json.dumps(changes))
-    except bus.REDIS_DOWN as exc:  # Redis outage: dashboards re-read the database when they reconnect
+    except bus.REDIS_DOWN as exc:  # Redis outage: a metrics feed that comes back re-renders what it shows
         log.warning("could not publish metrics changes: Redis unreachable (%s)", exc)
+    except Exception:  # never the caller's failure (the worker's invocation writer, a reset)
+        log.warning("could not publish metrics changes", exc_info=True)
 
 
 def plugin_changed(name: str, what: str) -> None:
