@@ -113,8 +113,8 @@ def main() -> None:
     out = {k: {"p50_ms": round(statistics.median(v), 2), "p95_ms": round(pct(v, 95), 2),
                "mean_ms": round(statistics.fmean(v), 2), **cpu[k]} for k, v in times.items()}
     diffs = [t - o for t, o in zip(times["this"], times["other"], strict=True)]
-    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, "spawn_between": "--spawn" in sys.argv, "idle_ms": idle * 1000,
-                      **out,
+    print(json.dumps({"other": str(other), "this": str(REPO), "calls": n, "spawn_between": spawn is not None,
+                      "idle_ms": idle * 1000, **out,
                       "this_minus_other_p50_ms": round(out["this"]["p50_ms"] - out["other"]["p50_ms"], 2),
                       "paired_difference_median_ms": round(statistics.median(diffs), 2),
                       "loadavg": [load_start, os.getloadavg()]}, indent=1))

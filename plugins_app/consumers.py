@@ -130,7 +130,6 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
 
 
 METRICS_VIEWS = ("list", "plugin", "engine")
-EVERY_PLUGIN = events.EVERY_PLUGIN
 THROTTLE_SECS = 0.25  # at most one re-render per this interval: a burst of calls becomes one message
 GATHER_SECS = 0.03  # a first change waits only this long for its siblings (one recording batch)
 
@@ -182,13 +181,13 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         """The metrics feed (re)subscribed: what changed while it was away is not known, so everything shown is
         re-rendered (nothing on the first subscription: the page was rendered just before)."""
         if self.caught_up:
-            self.live([{"plugin": EVERY_PLUGIN, "hook": "*"}])
+            self.live([{"plugin": events.EVERY_PLUGIN, "hook": "*"}])
         self.caught_up = True
 
     def live(self, changes: list[dict]) -> None:
         for change in changes:
             plugin, hook = change.get("plugin"), change.get("hook")
-            if plugin == EVERY_PLUGIN and self.view == "plugin":  # a reset of all metrics concerns this plugin too
+            if plugin == events.EVERY_PLUGIN and self.view == "plugin":  # a reset of all metrics concerns this plugin too
                 plugin = self.plugin
             if not plugin or (self.view == "plugin" and plugin != self.plugin):
                 continue
@@ -232,7 +231,7 @@ def render_metrics_fragments(view: str, pending: dict[str, set[str]], states: di
     parts: list[str] = []  # table rows
     other: list[str] = []  # everything else
     if view == "list":
-        if EVERY_PLUGIN in pending:  # all metrics reset, or a feed that was away: every row
+        if events.EVERY_PLUGIN in pending:  # all metrics reset, or a feed that was away: every row
             pending = {row["plugin"].name: set() for row in dashboard.plugin_rows()}
         if states:  # enabled/disabled/config changes move the serving chain shown in the page head
             other.append(render_to_string("plugins_app/partials/engine_summary.html",

@@ -5,7 +5,7 @@ them; a worker XACKs a job only after its outcome is stored. Read it in this ord
 
 - keys.py      the Redis key names (all under LIBREFANG_REDIS_PREFIX)
 - clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch, one resilient
-               subscription loop (the reply listener's, and live stderr's in plugins_app/events.py)
+               subscription loop (the reply listener's, and the live feeds' in plugins_app/events.py)
 - signing.py   the shared key and the HMAC every job and control entry carries
 - job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
 - hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain

@@ -95,12 +95,11 @@ async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callab
             if up:
                 log.warning("%s lost Redis (%s); reconnecting", what, exc)
             up = False
-            on_lost()
-            await asyncio.sleep(backoff)
-            backoff = min(2.0, backoff * 2)
         finally:
             on_lost()
             try:
                 await pubsub.aclose()
             except Exception:
                 pass
+        await asyncio.sleep(backoff)  # only after an error: the loop above never ends otherwise
+        backoff = min(2.0, backoff * 2)

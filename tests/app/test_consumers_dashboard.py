@@ -68,11 +68,12 @@ async def test_it_refuses_an_unknown_metrics_view(home, user):
     await comm.disconnect()
 
 
-async def _subscribed(feed: events.LiveFeed | None = None, timeout: float = 5.0) -> None:
+async def _subscribed(feed: events.LiveFeed | None = None, up: bool = True, timeout: float = 10.0) -> None:
+    """Wait until `feed` (this loop's stderr feed by default) is subscribed, or with up=False no longer is."""
     feed = feed or events.stderr_feed()
     end = asyncio.get_running_loop().time() + timeout
-    while not feed.subscribed:
-        assert asyncio.get_running_loop().time() < end, f"the live feed {feed.channel} never subscribed"
+    while feed.subscribed != up:
+        assert asyncio.get_running_loop().time() < end, f"the live feed {feed.channel} never became subscribed={up}"
         await asyncio.sleep(0.01)
 
 
@@ -121,10 +122,7 @@ def own_redis(tmp_path, settings):
 async def _kill_under(redis: OwnRedis, feed: events.LiveFeed) -> None:
     """SIGKILL `redis` and wait until `feed` has seen its connection go."""
     redis.kill()
-    end = asyncio.get_running_loop().time() + 10
-    while feed.subscribed:
-        assert asyncio.get_running_loop().time() < end
-        await asyncio.sleep(0.02)
+    await _subscribed(feed, up=False)
 
 
 async def test_it_catches_up_on_lines_published_while_redis_was_away(home, user, own_redis):
