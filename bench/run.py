@@ -220,13 +220,18 @@ def phase_direct(home: Path, spawn: DirectSpawn, engine: EngineDirect, with_wasm
     return out
 
 
-def phase_rest(service: LiveService, spawn: DirectSpawn, label: str) -> dict:
+def phase_rest(service: LiveService, spawn: DirectSpawn, engine: EngineDirect, label: str) -> dict:
+    """REST calls interleaved call by call with direct spawns (the baseline) and with the same call through
+    engine.invoke in this process (warm or cold like the worker), so "REST minus engine" is taken in one phase."""
     rounds = n(200)
-    log(f"REST ({label}): {rounds} interleaved rounds of spawn / HTTP -> Redis -> worker -> hook -> reply")
+    warm = label == "warm"
+    log(f"REST ({label}): {rounds} interleaved rounds of spawn / HTTP -> Redis -> worker -> hook -> reply / "
+        f"engine {label}")
     client = Client(service)
     for _ in range(10):
         rest_once(client)
-    base, rest = [], []
+        engine.once("bench_py", warm)
+    base, rest, direct_engine = [], [], []
     base_cpu = rest_cpu = 0.0
     for _ in range(rounds):
         before = own_cpu_ms()
@@ -236,15 +241,17 @@ def phase_rest(service: LiveService, spawn: DirectSpawn, label: str) -> dict:
         before = own_cpu_ms()
         rest.append(rest_once(client))
         rest_cpu += own_cpu_ms() - before + service_cpu_ms(service) - service_before  # HTTP client + service
-    b, r = summary(base), summary(rest)
+        direct_engine.append(engine.once("bench_py", warm))
+    b, r, e = summary(base), summary(rest), summary(direct_engine)
     r.update(ratio_p50=ratio(r, b), ratio_p95=ratio(r, b, "p95_ms"), ratio_p99=ratio(r, b, "p99_ms"))
+    e["ratio_p50"] = ratio(e, b)
     b["cpu_ms_per_call"] = round(base_cpu / rounds, 3)
     r["cpu_ms_per_call"] = round(rest_cpu / rounds, 3)  # web + worker + hook (+ zygote) + client
     r["cpu_ratio"] = round(rest_cpu / base_cpu, 3) if base_cpu else None
-    return {"spawn": b, "rest": r}
+    return {"spawn": b, "rest": r, "engine": e, "rest_minus_engine_p50_ms": round(r["p50_ms"] - e["p50_ms"], 2)}
 
 
-def run_for(duration: float, agents: int, fn) -> dict:
+def run_for(duration: float, agents: int, fn, keep_latencies: bool = False) -> dict:
     """`agents` threads calling fn(agent_state) back to back for `duration` seconds."""
     stop = time.monotonic() + duration
     counts = [0] * agents
@@ -272,29 +279,59 @@ def run_for(duration: float, agents: int, fn) -> dict:
     for t in threads:
         t.join()
     wall = time.monotonic() - started
-    return {"calls": sum(counts), "calls_per_s": round(sum(counts) / wall, 2), "errors": len(errors),
-            "first_errors": errors[:3], "latency": summary(latencies) if latencies else None}
-
-
-def phase_throughput(service: LiveService, spawn: DirectSpawn, label: str, direct: dict | None) -> dict:
-    duration = max(1.5, 5.0 * SCALE)
-    out: dict = {}
-    for agents in (1, 4, 16):
-        if direct is not None and agents not in direct:
-            log(f"throughput: {agents} agents spawning directly for {duration:.1f}s")
-            direct[agents] = run_for(duration, agents, lambda state: spawn.once())
-        log(f"throughput ({label}): {agents} agents over REST for {duration:.1f}s")
-
-        def call(state: dict) -> float:
-            if "client" not in state:
-                state["client"] = Client(service)
-            return rest_once(state["client"])
-
-        rest = run_for(duration, agents, call)
-        base = direct[agents]["calls_per_s"] if direct else None
-        rest["ratio_to_direct"] = round(rest["calls_per_s"] / base, 3) if base else None
-        out[agents] = rest
+    out = {"calls": sum(counts), "seconds": round(wall, 3), "calls_per_s": round(sum(counts) / wall, 2),
+           "errors": len(errors), "first_errors": errors[:3], "latency": summary(latencies) if latencies else None}
+    if keep_latencies:
+        out["latencies_ms"] = latencies
     return out
+
+
+def _windows_total(windows: list[dict]) -> dict:
+    """Windows of one side added up: calls over seconds, latencies together."""
+    calls, seconds = sum(w["calls"] for w in windows), sum(w["seconds"] for w in windows)
+    latencies = [ms for w in windows for ms in w.pop("latencies_ms")]
+    errors = [e for w in windows for e in w["first_errors"]]
+    return {"calls": calls, "seconds": round(seconds, 3), "calls_per_s": round(calls / seconds, 2) if seconds else 0.0,
+            "errors": sum(w["errors"] for w in windows), "first_errors": errors[:3],
+            "latency": summary(latencies) if latencies else None,
+            "windows_calls_per_s": [w["calls_per_s"] for w in windows]}
+
+
+def interleaved_throughput(agents: int, window: float, pairs: int, direct_call, rest_call) -> tuple[dict, dict]:
+    """Windows of direct spawns and of REST calls alternating D R R D D R ... (`pairs` of each): the machine's speed
+    drifts by tens of percent within minutes on shared cores, and one window of each side one after the other put
+    that drift into the ratio. Returns (direct, rest) added up over their windows; `rest` carries the ratio and the
+    ratio of each adjacent pair (its spread)."""
+    direct_windows: list[dict] = []
+    rest_windows: list[dict] = []
+    for i in range(pairs):
+        order = ((direct_windows, direct_call), (rest_windows, rest_call))
+        for windows, call in (order if i % 2 == 0 else order[::-1]):
+            windows.append(run_for(window, agents, call, keep_latencies=True))
+    pair_ratios = [round(r["calls_per_s"] / d["calls_per_s"], 3) if d["calls_per_s"] else None
+                   for d, r in zip(direct_windows, rest_windows, strict=True)]
+    direct, rest = _windows_total(direct_windows), _windows_total(rest_windows)
+    rest["ratio_to_direct"] = round(rest["calls_per_s"] / direct["calls_per_s"], 3) if direct["calls_per_s"] else None
+    rest["pair_ratios"] = pair_ratios
+    return direct, rest
+
+
+def phase_throughput(service: LiveService, spawn: DirectSpawn, label: str) -> tuple[dict, dict]:
+    """(direct, REST) calls/s for 1, 4 and 16 agents, each REST figure against direct windows interleaved with it."""
+    window, pairs = max(1.5, 2.5 * SCALE), max(2, int(6 * SCALE))
+
+    def call(state: dict) -> float:
+        if "client" not in state:
+            state["client"] = Client(service)
+        return rest_once(state["client"])
+
+    direct: dict = {}
+    rest: dict = {}
+    for agents in (1, 4, 16):
+        log(f"throughput ({label}): {agents} agents, {pairs} windows of {window:.1f}s spawning directly "
+            f"interleaved with {pairs} over REST")
+        direct[agents], rest[agents] = interleaved_throughput(agents, window, pairs, lambda state: spawn.once(), call)
+    return direct, rest
 
 
 BURST_AGENTS = 250
@@ -658,18 +695,28 @@ def table(results: dict) -> str:
                      f"{r['spawn']['cpu_ms_per_call']:.2f}", "1.000"))
         row(f"REST path, worker {label}", r["rest"], REST_TARGETS[label])
     out = [" | ".join(f"{c:<40}" if i == 0 else f"{c:>9}" for i, c in enumerate(r)) for r in rows]
-    own = results["rest"]["warm"]["rest"]["p50_ms"] - d["engine_warm"]["p50_ms"]
-    out.append(f"REST warm p50 minus engine warm p50 (web, Redis, worker; separate phases): {own:.2f} ms (target <= 6)")
+    for label in ("warm", "cold"):
+        r = results["rest"][label]
+        out.append(f"REST {label} p50 minus engine {label} p50 (web, Redis, worker; engine calls interleaved with the "
+                   f"REST calls): {r['rest']['p50_ms']:.2f} - {r['engine']['p50_ms']:.2f} = "
+                   f"{r['rest_minus_engine_p50_ms']:.2f} ms" + (" (target <= 6)" if label == "warm" else ""))
     load = results["machine"]
     out.append(f"load average at start {load['loadavg_at_start'][0]:.2f}, at end {load['loadavg_at_end'][0]:.2f}")
     out.append("")
-    out.append("throughput (calls/s)      agents |   direct |  REST warm (ratio) |  REST cold (ratio)   target >= 0.9")
+    out.append("throughput (calls/s), windows interleaved with direct spawns: calls/s (ratio to its direct windows;"
+               " lowest-highest ratio of adjacent windows)")
+    out.append("agents | direct, cold run | REST cold (ratio; spread)   target >= 0.9 at 16 | direct, warm run "
+               "| REST warm (ratio; spread)")
     for agents in (1, 4, 16):
-        dd = results["throughput"]["direct"][agents]
-        w = results["throughput"]["rest_warm"][agents]
-        c = results["throughput"]["rest_cold"][agents]
-        out.append(f"{'':26}{agents:>6} | {dd['calls_per_s']:>8.1f} | {w['calls_per_s']:>8.1f} ({w['ratio_to_direct']:.2f})"
-                   f"    | {c['calls_per_s']:>8.1f} ({c['ratio_to_direct']:.2f})")
+        dc, c = results["throughput"]["direct"][agents], results["throughput"]["rest_cold"][agents]
+        dw, w = results["throughput"]["direct_warm_run"][agents], results["throughput"]["rest_warm"][agents]
+
+        def side(r: dict) -> str:
+            spread = [x for x in r["pair_ratios"] if x is not None]
+            return (f"{r['calls_per_s']:>7.1f} ({r['ratio_to_direct']:.2f}; "
+                    f"{min(spread, default=0):.2f}-{max(spread, default=0):.2f})")
+
+        out.append(f"{agents:>6} | {dc['calls_per_s']:>16.1f} | {side(c):<45} | {dw['calls_per_s']:>16.1f} | {side(w)}")
     b = results["burst"]
     out.append("")
     out.append(f"burst: {b['agents']} agents at once over REST (worker warm): {b['calls_per_s']:.1f} calls/s = "
@@ -722,13 +769,14 @@ def main() -> int:
         log("starting the service (daphne + 1 worker + Redis)")
         service.start(workers=1)
         results["rest"] = {}
-        results["throughput"] = {"direct": {}}
+        results["throughput"] = {}
         restart_worker(service, warm=False)
-        results["rest"]["cold"] = phase_rest(service, spawn, "cold")
-        results["throughput"]["rest_cold"] = phase_throughput(service, spawn, "cold", results["throughput"]["direct"])
+        results["rest"]["cold"] = phase_rest(service, spawn, engine, "cold")
+        results["throughput"]["direct"], results["throughput"]["rest_cold"] = phase_throughput(service, spawn, "cold")
         restart_worker(service, warm=True)
-        results["rest"]["warm"] = phase_rest(service, spawn, "warm")
-        results["throughput"]["rest_warm"] = phase_throughput(service, spawn, "warm", results["throughput"]["direct"])
+        results["rest"]["warm"] = phase_rest(service, spawn, engine, "warm")
+        results["throughput"]["direct_warm_run"], results["throughput"]["rest_warm"] = phase_throughput(
+            service, spawn, "warm")
         results["burst"] = phase_burst(service, spawn)
         from bench.mcp_bench import phase_mcp  # imports this module: loaded only once it is complete
 
