@@ -3,12 +3,15 @@
 
 HTML fragments for the htmx ws extension by default; `?format=json` sends {"seq","plugin","hook","line","ts"}.
 A (re)connecting client first gets the stored tail (lines with seq > `?after=`), then live lines; lines that
-arrive while the tail is being sent are de-duplicated by seq. Accepts the session cookie or `?token=`.
+arrive while the tail is being sent are de-duplicated by seq. A client resuming after lines the tail no longer keeps
+(it keeps the last events.TAIL_LEN per plugin) is told so first: `{"missed": {"after", "through", "kept"}}` in JSON,
+a notice line in HTML. Accepts the session cookie or `?token=`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from urllib.parse import parse_qs
 
@@ -93,7 +96,21 @@ class StderrConsumer(AsyncWebsocketConsumer):
             step.close()  # a step cancelled before its turn never ran
 
     async def _send_tail(self) -> None:
-        await self._send_lines(await events.atail(self.plugin, max(self.seen, default=self.after)))
+        after = max(self.seen, default=self.after)
+        lines, lost = await events.atail(self.plugin, after)
+        if lost and after:  # resuming (not a first look at the tail): say that lines are gone, never skip silently
+            await self._send_missed(after, lost)
+        await self._send_lines(lines)
+
+    async def _send_missed(self, after: int, through: int) -> None:
+        if self.format == "json":
+            await self.send(text_data=json.dumps({"missed": {"after": after, "through": through,
+                                                             "kept": events.TAIL_LEN}}))
+        else:
+            html = await sync_to_async(render_to_string)("plugins_app/partials/stderr_missed.html",
+                                                          {"after": after, "through": through,
+                                                           "kept": events.TAIL_LEN})
+            await self.send(text_data=html)
 
     async def _send_lines(self, lines: list[dict]) -> None:
         # De-duplicate by seq (not by "greater than the last one"): two workers may publish interleaved batches.
@@ -112,8 +129,6 @@ class StderrConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=html)
 
     async def send_json_line(self, ln: dict) -> None:
-        import json
-
         await self.send(text_data=json.dumps({k: ln.get(k) for k in ("seq", "plugin", "hook", "line", "ts")}))
 
 

@@ -58,6 +58,10 @@ def _dropped_key() -> str:
     return bus.prefixed_key("stderr", "dropped")
 
 
+def _trimmed_key() -> str:
+    return bus.prefixed_key("stderr", "trimmed")
+
+
 def _live_channel() -> str:
     return bus.prefixed_key("stderr", "live")
 
@@ -71,13 +75,19 @@ def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[
     return _newer(bus.client().lrange(_tail_key(plugin or ALL), -limit, -1), after_seq)
 
 
-async def atail(plugin: str | None, after_seq: int = 0) -> list[dict]:
-    """`tail` on the event loop, tried again for a second or so: a feed that has just resubscribed after a Redis
-    restart catches up through a pool whose connections may all be stale."""
+async def atail(plugin: str | None, after_seq: int = 0) -> tuple[list[dict], int]:
+    """The lines still kept with seq > after_seq, and the seq of the newest line the tail no longer keeps when that
+    is > after_seq (else 0): a viewer resuming after `after_seq` missed this plugin's lines up to it. Tried again
+    for a second or so: a feed that has just resubscribed after a Redis restart catches up through a pool whose
+    connections may all be stale."""
+    key = _tail_key(plugin or ALL)
     pauses = iter((0.05, 0.2, 1.0))
     while True:
         try:
-            return _newer(await bus.aclient().lrange(_tail_key(plugin or ALL), -TAIL_LEN, -1), after_seq)
+            async with bus.aclient().pipeline(transaction=True) as pipe:
+                raw, lost = await pipe.lrange(key, -TAIL_LEN, -1).hget(_trimmed_key(), key).execute()
+            lost = int(lost or 0)
+            return _newer(raw, after_seq), (lost if lost > after_seq else 0)
         except bus.REDIS_DOWN:
             pause = next(pauses, None)
             if pause is None:
@@ -134,7 +144,8 @@ class StderrPublisher(BatchWriter[dict]):
         storing and publishing are one step for every worker, so live lines arrive in seq order. Returns the first
         line's seq."""
         dropped = self.take_dropped()
-        keys = [_seq_key(), _dropped_key(), _tail_key(ALL), *(_tail_key(item["plugin"]) for item in batch)]
+        keys = [_seq_key(), _dropped_key(), _trimmed_key(), _tail_key(ALL),
+                *(_tail_key(item["plugin"]) for item in batch)]
         try:
             return int(r.register_script(_TAIL_SCRIPT)(
                 keys, [_live_channel(), TAIL_LEN, dropped, *(json.dumps(i) for i in batch)]))
@@ -143,21 +154,31 @@ class StderrPublisher(BatchWriter[dict]):
             raise
 
 
-# KEYS: seq counter, dropped counter, the "all" tail, then each line's own tail; ARGV: the live channel, tail length,
-# lines dropped since the last batch, then each line as a JSON object, into which its number goes as "seq".
+# KEYS: seq counter, dropped counter, the "trimmed" hash, the "all" tail, then each line's own tail; ARGV: the live
+# channel, tail length, lines dropped since the last batch, then each line as a JSON object, into which its number
+# goes as "seq". A tail over its length loses its oldest lines, and the hash keeps, per tail, the seq of the newest
+# line it lost: a browser resuming after an older seq learns that lines between are gone (`atail`).
 _TAIL_SCRIPT = """
 local n = #ARGV - 3
 local first = redis.call('INCRBY', KEYS[1], n) - n + 1
 local tails, lines = {}, {}
 for i = 1, n do
   local line = '{"seq": ' .. (first + i - 1) .. ', ' .. string.sub(ARGV[i + 3], 2)
-  redis.call('RPUSH', KEYS[i + 3], line)
-  tails[KEYS[i + 3]] = true
+  redis.call('RPUSH', KEYS[i + 4], line)
+  tails[KEYS[i + 4]] = true
   lines[i] = line
 end
-redis.call('RPUSH', KEYS[3], unpack(lines))
-tails[KEYS[3]] = true
-for key in pairs(tails) do redis.call('LTRIM', key, -tonumber(ARGV[2]), -1) end
+redis.call('RPUSH', KEYS[4], unpack(lines))
+tails[KEYS[4]] = true
+local keep = tonumber(ARGV[2])
+for key in pairs(tails) do
+  local over = redis.call('LLEN', key) - keep
+  if over > 0 then
+    local lost = string.match(redis.call('LINDEX', key, over - 1), '^{"seq": (%d+)')
+    redis.call('HSET', KEYS[3], key, lost)
+    redis.call('LTRIM', key, -keep, -1)
+  end
+end
 if tonumber(ARGV[3]) > 0 then redis.call('INCRBY', KEYS[2], ARGV[3]) end
 redis.call('PUBLISH', ARGV[1], '[' .. table.concat(lines, ',') .. ']')
 return first

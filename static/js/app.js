@@ -60,7 +60,7 @@
       });
       var empty = panel.querySelector("[data-stderr-empty]");
       if (empty && box.querySelector(".ln")) empty.remove();
-      var lines = box.querySelectorAll(".ln");
+      var lines = box.querySelectorAll(".ln, .missed");
       for (var i = 0; i < lines.length - MAX_LINES; i++) lines[i].remove();
       if (st.paused) setStatus(panel, "paused · " + st.buffer.length + " new line(s) held");
       else if (atBottom) box.scrollTop = box.scrollHeight;
@@ -87,7 +87,7 @@
         setStatus(panel, "paused · 0 new line(s) held");
       }
     } else {
-      box.querySelectorAll(".ln").forEach(function (n) { n.remove(); });
+      box.querySelectorAll(".ln, .missed").forEach(function (n) { n.remove(); });
       st.buffer = [];
       setStatus(panel, st.paused ? "paused · cleared" : "live · cleared");
     }

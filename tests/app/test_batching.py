@@ -70,3 +70,8 @@ def test_a_batch_is_numbered_stored_and_published_in_one_step(monkeypatch):
     assert [x["line"] for x in events.tail("two")][-1:] == ["two 1"]
     assert events.tail(None) == [{**x} for x in lines[-3:]]
     assert [x["seq"] for x in events.tail("one", after_seq=start + 3)] == [start + 4, start + 5]
+    # each tail remembers the newest line it no longer keeps (a resuming viewer is told, tests/app/test_consumers_*)
+    trimmed = r.hgetall(events._trimmed_key())
+    assert int(trimmed[events._tail_key("one")]) == start + 1
+    assert int(trimmed[events._tail_key(events.ALL)]) == start + 2
+    assert events._tail_key("two") not in trimmed or int(trimmed[events._tail_key("two")]) < start

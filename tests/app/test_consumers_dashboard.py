@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -157,6 +158,38 @@ async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):
     assert set(got[0]) == {"seq", "plugin", "hook", "line", "ts"}
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
+
+
+async def test_a_viewer_resuming_after_lines_no_longer_kept_is_told_which(home, user, monkeypatch):
+    monkeypatch.setattr(events, "TAIL_LEN", 3)
+    plugin = f"trimmed_{uuid.uuid4().hex[:8]}"
+    await _publish(*((plugin, f"line {i}") for i in range(5)))  # the tail keeps lines 2-4
+    kept = await sync_to_async(events.tail)(plugin)
+    first = kept[0]["seq"] - 2  # line 0's seq
+    assert [x["line"] for x in kept] == ["line 2", "line 3", "line 4"]
+
+    comm, connected, _ = await _connect(f"/ws/stderr/{plugin}/?format=json&after={first}", user)
+    assert connected  # it has line 0; line 1 is gone
+    assert json.loads(await comm.receive_from(timeout=5)) == {"missed": {"after": first, "through": first + 1,
+                                                                         "kept": 3}}
+    assert [json.loads(await comm.receive_from(timeout=5))["line"] for _ in range(3)] == ["line 2", "line 3",
+                                                                                         "line 4"]
+    await comm.disconnect()
+
+    comm, connected, _ = await _connect(f"/ws/stderr/{plugin}/?after={first}", user)
+    assert connected
+    notice = await comm.receive_from(timeout=5)
+    assert 'hx-swap-oob="beforeend"' in notice and 'class="missed"' in notice
+    assert f"after #{first} up to #{first + 1}" in notice
+    assert "line 2" in await comm.receive_from(timeout=5)
+    await comm.disconnect()
+
+    for path in (f"/ws/stderr/{plugin}/?format=json&after={first + 1}",  # has everything up to the kept lines
+                 f"/ws/stderr/{plugin}/?format=json"):  # a first look at the tail: nothing was missed
+        comm, connected, _ = await _connect(path, user)
+        assert connected
+        assert "seq" in json.loads(await comm.receive_from(timeout=5)), path
+        await comm.disconnect()
 
 
 async def test_it_pushes_re_rendered_plugin_rows_on_metrics_changed(home, user):
