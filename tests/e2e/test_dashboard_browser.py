@@ -7,8 +7,10 @@ import re
 import signal
 import sys
 import threading
+import time
 
 import pytest
+import redis
 from playwright.sync_api import expect
 
 from tests.plugin_factory import make_plugin, write_config
@@ -178,9 +180,10 @@ def test_it_updates_metrics_after_rest_calls_without_reloading(logged_in_page, l
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
 
 
-def _restart_web(live) -> None:
-    os.killpg(live.web.pid, signal.SIGKILL)
-    live.web.wait(timeout=30)
+def _restart_web(live, kill: bool = True) -> None:
+    if kill:
+        os.killpg(live.web.pid, signal.SIGKILL)
+        live.web.wait(timeout=30)
     live.web = live._spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(live.port),
                                    "librefang_site.asgi:application"])
     live.wait_healthy(1, timeout=60)
@@ -209,6 +212,53 @@ def test_it_neither_loses_nor_repeats_lines_across_a_websocket_reconnect(logged_
     assert [ln for ln in lines if ln.startswith(("early", "late"))] == expected
     seqs = page.eval_on_selector_all("#stderr-lines .ln", "els => els.map(e => +e.dataset.seq)")
     assert seqs == sorted(set(seqs))
+
+
+FLOOD_AFTER_TURN = """
+import json, sys, time
+tag = json.loads(sys.stdin.read())["messages"][0]["content"]
+if tag == "flood":
+    time.sleep(3)  # the web server is killed meanwhile
+    for i in range(600):
+        print(f"flood line {i}", file=sys.stderr)
+else:
+    print(f"{tag} line 0", file=sys.stderr)
+print(json.dumps({"type": "ok"}))
+"""
+
+
+def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(logged_in_page, live):
+    make_plugin(live.home / "plugins", "flood", {"after_turn": FLOOD_AFTER_TURN})
+    write_config(live.home, plugin="flood")
+    page = logged_in_page
+    page.goto(live.url + "/plugins/flood/")
+    _wait_ws(page, 2)
+    live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "first"}]})
+    expect(page.locator("#stderr-lines")).to_contain_text("first line 0", timeout=WAIT_MS)
+    first = page.eval_on_selector("#stderr-lines .ln", "e => +e.dataset.seq")
+    # 600 lines while the page's server is down: the plugin's tail keeps the last 500, so 100 are gone for good
+    status, _ = live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "flood"}]})
+    assert status == 202
+    os.killpg(live.web.pid, signal.SIGKILL)
+    live.web.wait(timeout=30)
+    r = redis.Redis.from_url(live.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    tail = f"{live.env['LIBREFANG_REDIS_PREFIX']}:stderr:tail:flood"
+    deadline = time.monotonic() + 60
+    while not r.lindex(tail, -1) or b"flood line 599" not in r.lindex(tail, -1):
+        assert time.monotonic() < deadline, "the worker never published the flood"
+        time.sleep(0.2)
+    _restart_web(live, kill=False)
+    expect(page.locator("#stderr-lines")).to_contain_text("flood line 599", timeout=60_000)
+    notice = page.locator("#stderr-lines .missed")
+    expect(notice).to_have_count(1)
+    expect(notice).to_contain_text(f"Lines after #{first} up to #{first + 100}")
+    lines = [ln for ln in _lines(page) if ln.startswith(("first", "flood"))]
+    assert lines == ["first line 0"] + [f"flood line {i}" for i in range(100, 600)]
+    # the notice sits where the hole is: right after the last line the page had
+    texts = page.eval_on_selector_all("#stderr-lines > .ln, #stderr-lines > .missed", "els => els.map(e => "
+                                      "e.classList.contains('missed') ? 'MISSED' : e.querySelector('.text').textContent)")
+    at = texts.index("MISSED")
+    assert texts[at - 1] == "first line 0" and texts[at + 1] == "flood line 100"
 
 
 PAGES = [("plugins", "/"), ("create", "/create/"), ("install", "/install/"), ("plugin", "/plugins/shown/"),
