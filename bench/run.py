@@ -241,6 +241,7 @@ def phase_rest(service: LiveService, spawn: DirectSpawn, engine: EngineDirect, l
         before = own_cpu_ms()
         rest.append(rest_once(client))
         rest_cpu += own_cpu_ms() - before + service_cpu_ms(service) - service_before  # HTTP client + service
+        settle_service(service)  # the worker's writers and next spare, after its answer, would slow the engine call
         direct_engine.append(engine.once("bench_py", warm))
     b, r, e = summary(base), summary(rest), summary(direct_engine)
     r.update(ratio_p50=ratio(r, b), ratio_p95=ratio(r, b, "p95_ms"), ratio_p99=ratio(r, b, "p99_ms"))
@@ -559,6 +560,19 @@ def own_cpu_ms() -> float:
 def service_cpu_ms(service: LiveService) -> float:
     """The web process's and the workers' CPU, with all their descendants (zygotes, spawner, hooks) live or reaped."""
     return sum(tree_cpu_ms(p) for p in [service.web.pid] + [w.pid for w in service.workers])
+
+
+def settle_service(service: LiveService, timeout: float = 0.3) -> None:
+    """Wait until the service's CPU (daphne, workers and their descendants) stops moving: unchanged over 20 ms
+    (the counters tick every 10 ms), at most `timeout`."""
+    end = time.monotonic() + timeout
+    last = service_cpu_ms(service)
+    while time.monotonic() < end:
+        time.sleep(0.02)
+        now = service_cpu_ms(service)
+        if now == last:
+            return
+        last = now
 
 
 def rss_kb(pid: int) -> int:
