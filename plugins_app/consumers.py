@@ -1,11 +1,13 @@
 """Websockets: live stderr for one plugin (/ws/stderr/<plugin>/) or all (/ws/stderr/), and live metrics
 (/ws/metrics/?view=list|plugin|engine[&plugin=<name>]) as HTML fragments re-rendered from the database.
 
-HTML fragments for the htmx ws extension by default; `?format=json` sends {"seq","plugin","hook","line","ts"}.
+HTML fragments for the htmx ws extension by default; `?format=json` sends {"seq","epoch","plugin","hook","line","ts"}.
 A (re)connecting client first gets the stored tail (lines with seq > `?after=`), then live lines; lines that
 arrive while the tail is being sent are de-duplicated by seq. A client resuming after lines the tail no longer keeps
 (it keeps the last events.TAIL_LEN per plugin) is told so first: `{"missed": {"after", "through", "kept"}}` in JSON,
-a notice line in HTML. Accepts the session cookie or `?token=`.
+a notice line in HTML. Seqs count within an epoch: when Redis lost the counter, lines come with a new one and a
+viewer that knows the old (`?epoch=`, or from lines it was sent) is told `{"renumbered": {"epoch"}}` (a notice line
+in HTML) and starts counting again. Accepts the session cookie or `?token=`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class StderrConsumer(AsyncWebsocketConsumer):
             self.after = int((query.get("after") or ["0"])[0])
         except ValueError:
             self.after = 0
+        self.epoch = (query.get("epoch") or [None])[0] or None  # the numbering `after` belongs to
         self.plugin = self.scope["url_route"]["kwargs"].get("plugin")
         if not await sync_to_async(_authorized)(self.scope, token):
             await self.close(code=CLOSE_UNAUTHORIZED)
@@ -97,22 +100,39 @@ class StderrConsumer(AsyncWebsocketConsumer):
 
     async def _send_tail(self) -> None:
         after = max(self.seen, default=self.after)
-        lines, lost = await events.atail(self.plugin, after)
-        if lost and after:  # resuming (not a first look at the tail): say that lines are gone, never skip silently
+        lines, lost = await events.atail(self.plugin, after, self.epoch)
+        same_numbering = not lines or self.epoch is None or lines[-1].get("epoch") == self.epoch
+        if lost and after and same_numbering:  # resuming, not a first look: say that lines are gone, never skip
             await self._send_missed(after, lost)
         await self._send_lines(lines)
 
+    def _renumbered(self, epoch: str | None) -> bool:
+        """Whether these lines start a new numbering (Redis lost the counter): forget the old numbers, or new lines
+        would be dropped as repeats of them."""
+        if epoch is None or epoch == self.epoch:
+            return False
+        known, self.epoch = self.epoch, epoch
+        if known is None:
+            return False
+        self.seen, self.after = set(), 0
+        return True
+
     async def _send_missed(self, after: int, through: int) -> None:
+        await self._send_notice({"missed": {"after": after, "through": through, "kept": events.TAIL_LEN}},
+                                "plugins_app/partials/stderr_missed.html")
+
+    async def _send_notice(self, notice: dict, template: str) -> None:
+        """A message that is not a line: the JSON object as it is, or its template's notice line in HTML."""
         if self.format == "json":
-            await self.send(text_data=json.dumps({"missed": {"after": after, "through": through,
-                                                             "kept": events.TAIL_LEN}}))
+            await self.send(text_data=json.dumps(notice))
         else:
-            html = await sync_to_async(render_to_string)("plugins_app/partials/stderr_missed.html",
-                                                          {"after": after, "through": through,
-                                                           "kept": events.TAIL_LEN})
-            await self.send(text_data=html)
+            [context] = notice.values()
+            await self.send(text_data=await sync_to_async(render_to_string)(template, context))
 
     async def _send_lines(self, lines: list[dict]) -> None:
+        if lines and self._renumbered(lines[-1].get("epoch")):
+            lines = [ln for ln in lines if ln.get("epoch") == self.epoch]
+            await self._send_notice({"renumbered": {"epoch": self.epoch}}, "plugins_app/partials/stderr_renumbered.html")
         # De-duplicate by seq (not by "greater than the last one"): two workers may publish interleaved batches.
         fresh = [ln for ln in lines if ln["seq"] > self.after and ln["seq"] not in self.seen]
         if not fresh:
@@ -129,7 +149,7 @@ class StderrConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=html)
 
     async def send_json_line(self, ln: dict) -> None:
-        await self.send(text_data=json.dumps({k: ln.get(k) for k in ("seq", "plugin", "hook", "line", "ts")}))
+        await self.send(text_data=json.dumps({k: ln.get(k) for k in ("seq", "epoch", "plugin", "hook", "line", "ts")}))
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 from typing import Any
@@ -58,6 +59,10 @@ def _dropped_key() -> str:
     return bus.prefixed_key("stderr", "dropped")
 
 
+def _epoch_key() -> str:
+    return bus.prefixed_key("stderr", "epoch")
+
+
 def _trimmed_key() -> str:
     return bus.prefixed_key("stderr", "trimmed")
 
@@ -75,11 +80,11 @@ def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[
     return _newer(bus.client().lrange(_tail_key(plugin or ALL), -limit, -1), after_seq)
 
 
-async def atail(plugin: str | None, after_seq: int = 0) -> tuple[list[dict], int]:
-    """The lines still kept with seq > after_seq, and the seq of the newest line the tail no longer keeps when that
-    is > after_seq (else 0): a viewer resuming after `after_seq` missed this plugin's lines up to it. Tried again
-    for a second or so: a feed that has just resubscribed after a Redis restart catches up through a pool whose
-    connections may all be stale."""
+async def atail(plugin: str | None, after_seq: int = 0, epoch: str | None = None) -> tuple[list[dict], int]:
+    """The lines still kept with seq > after_seq (or of another epoch than `epoch`), and the seq of the newest line
+    the tail no longer keeps when that is > after_seq (else 0): a viewer resuming after `after_seq` missed this
+    plugin's lines up to it (if the numbering is still the one it knows). Tried again for a second or so: a feed
+    that has just resubscribed after a Redis restart catches up through a pool whose connections may all be stale."""
     key = _tail_key(plugin or ALL)
     pauses = iter((0.05, 0.2, 1.0))
     while True:
@@ -87,7 +92,7 @@ async def atail(plugin: str | None, after_seq: int = 0) -> tuple[list[dict], int
             async with bus.aclient().pipeline(transaction=True) as pipe:
                 raw, lost = await pipe.lrange(key, -TAIL_LEN, -1).hget(_trimmed_key(), key).execute()
             lost = int(lost or 0)
-            return _newer(raw, after_seq), (lost if lost > after_seq else 0)
+            return _newer(raw, after_seq, epoch), (lost if lost > after_seq else 0)
         except bus.REDIS_DOWN:
             pause = next(pauses, None)
             if pause is None:
@@ -95,9 +100,10 @@ async def atail(plugin: str | None, after_seq: int = 0) -> tuple[list[dict], int
             await asyncio.sleep(pause)
 
 
-def _newer(raw: list[str], after_seq: int) -> list[dict]:
+def _newer(raw: list[str], after_seq: int, epoch: str | None = None) -> list[dict]:
+    """Lines after `after_seq`; with `epoch` (the numbering the viewer knows), every line of another numbering too."""
     lines = [json.loads(x) for x in raw]
-    return [x for x in lines if x["seq"] > after_seq]
+    return [x for x in lines if x["seq"] > after_seq or (epoch is not None and x.get("epoch") != epoch)]
 
 
 def dropped_count() -> int:
@@ -144,32 +150,39 @@ class StderrPublisher(BatchWriter[dict]):
         storing and publishing are one step for every worker, so live lines arrive in seq order. Returns the first
         line's seq."""
         dropped = self.take_dropped()
-        keys = [_seq_key(), _dropped_key(), _trimmed_key(), _tail_key(ALL),
+        keys = [_seq_key(), _dropped_key(), _trimmed_key(), _epoch_key(), _tail_key(ALL),
                 *(_tail_key(item["plugin"]) for item in batch)]
         try:
             return int(r.register_script(_TAIL_SCRIPT)(
-                keys, [_live_channel(), TAIL_LEN, dropped, *(json.dumps(i) for i in batch)]))
+                keys, [_live_channel(), TAIL_LEN, dropped, os.urandom(4).hex(), *(json.dumps(i) for i in batch)]))
         except BaseException:
             self.count_dropped(dropped)
             raise
 
 
-# KEYS: seq counter, dropped counter, the "trimmed" hash, the "all" tail, then each line's own tail; ARGV: the live
-# channel, tail length, lines dropped since the last batch, then each line as a JSON object, into which its number
-# goes as "seq". A tail over its length loses its oldest lines, and the hash keeps, per tail, the seq of the newest
-# line it lost: a browser resuming after an older seq learns that lines between are gone (`atail`).
+# KEYS: seq counter, dropped counter, the "trimmed" hash, the epoch, the "all" tail, then each line's own tail; ARGV:
+# the live channel, tail length, lines dropped since the last batch, an epoch to take if there is none, then each
+# line as a JSON object, into which its number goes as "seq" and the epoch as "epoch". A tail over its length loses
+# its oldest lines, and the hash keeps, per tail, the seq of the newest line it lost: a viewer resuming after an
+# older seq learns that lines between are gone (`atail`). A counter that starts again (Redis lost its data) comes
+# with a new epoch, so viewers holding the old numbers start over instead of taking new lines for repeats.
 _TAIL_SCRIPT = """
-local n = #ARGV - 3
+local n = #ARGV - 4
 local first = redis.call('INCRBY', KEYS[1], n) - n + 1
+local epoch = redis.call('GET', KEYS[4])
+if first == 1 or not epoch then
+  epoch = ARGV[4]
+  redis.call('SET', KEYS[4], epoch)
+end
 local tails, lines = {}, {}
 for i = 1, n do
-  local line = '{"seq": ' .. (first + i - 1) .. ', ' .. string.sub(ARGV[i + 3], 2)
-  redis.call('RPUSH', KEYS[i + 4], line)
-  tails[KEYS[i + 4]] = true
+  local line = '{"seq": ' .. (first + i - 1) .. ', "epoch": "' .. epoch .. '", ' .. string.sub(ARGV[i + 4], 2)
+  redis.call('RPUSH', KEYS[i + 5], line)
+  tails[KEYS[i + 5]] = true
   lines[i] = line
 end
-redis.call('RPUSH', KEYS[4], unpack(lines))
-tails[KEYS[4]] = true
+redis.call('RPUSH', KEYS[5], unpack(lines))
+tails[KEYS[5]] = true
 local keep = tonumber(ARGV[2])
 for key in pairs(tails) do
   local over = redis.call('LLEN', key) - keep

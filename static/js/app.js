@@ -16,6 +16,7 @@
 
   function remember(st, ln) {
     var seq = parseInt(ln.getAttribute("data-seq"), 10) || 0;
+    if (ln.getAttribute("data-epoch")) st.epoch = ln.getAttribute("data-epoch");
     st.seen.add(seq);
     if (seq > st.lastSeq) st.lastSeq = seq;
     return seq;
@@ -49,6 +50,13 @@
       var atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
       mutations.forEach(function (m) {
         m.addedNodes.forEach(function (node) {
+          if (node.nodeType === 1 && node.classList.contains("renumbered")) {
+            // the server's line counter started again: old numbers say nothing about the new lines
+            st.seen = new Set();
+            st.lastSeq = 0;
+            st.epoch = node.getAttribute("data-epoch") || "";
+            return;
+          }
           if (node.nodeType !== 1 || !node.classList.contains("ln") || node._lfKnown) return;
           var seq = parseInt(node.getAttribute("data-seq"), 10) || 0;
           if (st.seen.has(seq)) { node.remove(); return; }  // a repeat: never show a line twice
@@ -123,8 +131,9 @@
     else setStatus(panel, "disconnected (code " + code + "): reload the page to resume");
   });
 
-  // Every (re)connect of a stderr socket asks only for lines after the last one this page has: the server sends
-  // its stored tail after that seq, then live lines, so nothing is lost or repeated across a reconnect.
+  // Every (re)connect of a stderr socket asks only for lines after the last one this page has (and names the
+  // numbering, epoch, that seq belongs to): the server sends its stored tail after that seq, then live lines, so
+  // nothing is lost or repeated across a reconnect.
   function installSocketFactory() {
     if (!window.htmx || window.htmx._lfSockets) return;
     window.htmx._lfSockets = true;
@@ -137,7 +146,10 @@
           var src = new URL(el.getAttribute("ws-connect"), location.href);
           if (src.pathname === u.pathname) panel = panelFor(el);
         });
-        if (panel) u.searchParams.set("after", String(state(panel).lastSeq));
+        if (panel) {
+          u.searchParams.set("after", String(state(panel).lastSeq));
+          if (state(panel).epoch) u.searchParams.set("epoch", state(panel).epoch);
+        }
       }
       var sock = new WebSocket(u.toString(), []);
       sock.binaryType = window.htmx.config.wsBinaryType || "blob";

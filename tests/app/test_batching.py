@@ -58,7 +58,9 @@ def test_a_batch_is_numbered_stored_and_published_in_one_step(monkeypatch):
     lines = [{"plugin": p, "hook": "ingest", "line": f"{p} {i}", "ts": 1.0, "trace_id": "t"}
              for i, p in enumerate(["one", "two", "one", "one", "one"])]
     assert publisher._publish(r, lines) == start + 1
-    lines = [{"seq": start + 1 + i, **x} for i, x in enumerate(lines)]
+    epoch = r.get(events._epoch_key())
+    assert epoch
+    lines = [{"seq": start + 1 + i, "epoch": epoch, **x} for i, x in enumerate(lines)]
     assert events.dropped_count() == before + 2
     msg = None
     for _ in range(50):
@@ -75,3 +77,23 @@ def test_a_batch_is_numbered_stored_and_published_in_one_step(monkeypatch):
     assert int(trimmed[events._tail_key("one")]) == start + 1
     assert int(trimmed[events._tail_key(events.ALL)]) == start + 2
     assert events._tail_key("two") not in trimmed or int(trimmed[events._tail_key("two")]) < start
+
+
+def test_a_counter_that_starts_again_comes_with_a_new_epoch():
+    from plugins_app import bus, events
+
+    r = bus.client()
+    line = {"plugin": "renumbered", "hook": "ingest", "line": "x", "ts": 1.0, "trace_id": "t"}
+    publisher = events.StderrPublisher()
+    publisher._publish(r, [line])
+    old = r.get(events._epoch_key())
+    publisher._publish(r, [line])
+    assert r.get(events._epoch_key()) == old  # one numbering while the counter lasts
+    r.delete(events._seq_key(), events._epoch_key())  # what a Redis that lost its data looks like
+    assert publisher._publish(r, [line]) == 1
+    new = r.get(events._epoch_key())
+    assert new and new != old
+    assert publisher._publish(r, [line]) == 2 and r.get(events._epoch_key()) == new
+    assert [(x["seq"], x["epoch"]) for x in events.tail("renumbered")][-2:] == [(1, new), (2, new)]
+    r.delete(events._epoch_key())  # an epoch lost alone (a store older than epochs): a new one, the count goes on
+    assert publisher._publish(r, [line]) == 3 and r.get(events._epoch_key()) not in (None, new)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import uuid
 
 import pytest
@@ -143,6 +144,39 @@ async def test_it_catches_up_on_lines_published_while_redis_was_away(home, user,
     await comm.disconnect()
 
 
+async def test_it_starts_counting_again_when_redis_comes_back_without_its_data(home, user, own_redis):
+    comm, connected, _ = await _connect("/ws/stderr/?format=json", user)
+    assert connected
+    await _subscribed()
+    await _publish(("alpha", "one"), ("alpha", "two"), ("alpha", "three"))
+    before = [json.loads(await comm.receive_from(timeout=5)) for _ in range(3)]
+    assert [b["line"] for b in before] == ["one", "two", "three"]
+    await _kill_under(own_redis, events.stderr_feed())
+    shutil.rmtree(own_redis.dir / "appendonlydir")  # the restarted Redis has nothing: the counter starts at 1
+    own_redis.start()
+    await _subscribed()
+    await _publish(("alpha", "again"))  # seq 1 of a new epoch: neither a repeat of the old seq 1 nor dropped
+    renumbered = json.loads(await comm.receive_from(timeout=10))
+    assert set(renumbered) == {"renumbered"} and renumbered["renumbered"]["epoch"] != before[0]["epoch"]
+    line = json.loads(await comm.receive_from(timeout=5))
+    assert (line["line"], line["seq"], line["epoch"]) == ("again", 1, renumbered["renumbered"]["epoch"])
+    await comm.disconnect()
+
+    # a viewer resuming with the old numbering (?after=3&epoch=<old>) gets the new lines too, after the notice
+    comm, connected, _ = await _connect(f"/ws/stderr/?format=json&after=3&epoch={before[0]['epoch']}", user)
+    assert connected
+    assert "renumbered" in json.loads(await comm.receive_from(timeout=5))
+    assert json.loads(await comm.receive_from(timeout=5))["line"] == "again"
+    await comm.disconnect()
+    # and in HTML, the notice the page's script resets its numbering on
+    comm, connected, _ = await _connect(f"/ws/stderr/?after=3&epoch={before[0]['epoch']}", user)
+    assert connected
+    notice = await comm.receive_from(timeout=5)
+    assert 'class="missed renumbered"' in notice and f'data-epoch="{line["epoch"]}"' in notice
+    assert f'data-seq="1" data-epoch="{line["epoch"]}"' in await comm.receive_from(timeout=5)
+    await comm.disconnect()
+
+
 async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):
     pub = events.publisher()
     for i in range(3):
@@ -155,7 +189,7 @@ async def test_it_sends_json_lines_and_resumes_after_a_seq(home, user):
     assert connected
     got = [json.loads(await comm.receive_from(timeout=5)) for _ in range(2)]
     assert [g["line"] for g in got] == ["line 1", "line 2"]  # only lines after the seq the client already has
-    assert set(got[0]) == {"seq", "plugin", "hook", "line", "ts"}
+    assert set(got[0]) == {"seq", "epoch", "plugin", "hook", "line", "ts"}
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
 

@@ -261,6 +261,24 @@ def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(log
     assert texts[at - 1] == "first line 0" and texts[at + 1] == "flood line 100"
 
 
+def test_it_keeps_showing_lines_when_redis_loses_its_line_counter(logged_in_page, live):
+    make_plugin(live.home / "plugins", "renum", {"after_turn": FLOOD_AFTER_TURN})
+    write_config(live.home, plugin="renum")
+    page = logged_in_page
+    page.goto(live.url + "/plugins/renum/")
+    _wait_ws(page, 2)
+    live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "first"}]})
+    expect(page.locator("#stderr-lines")).to_contain_text("first line 0", timeout=WAIT_MS)
+    prefix = live.env["LIBREFANG_REDIS_PREFIX"]
+    r = redis.Redis.from_url(live.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    r.delete(f"{prefix}:stderr:seq", f"{prefix}:stderr:epoch")  # as a Redis that came back without its data
+    live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "second"}]})
+    # numbered from 1 again: shown after a notice, not dropped as a repeat of the first line's number
+    expect(page.locator("#stderr-lines")).to_contain_text("second line 0", timeout=WAIT_MS)
+    expect(page.locator("#stderr-lines .renumbered")).to_have_count(1)
+    assert [ln for ln in _lines(page) if ln.endswith("line 0")] == ["first line 0", "second line 0"]
+
+
 PAGES = [("plugins", "/"), ("create", "/create/"), ("install", "/install/"), ("plugin", "/plugins/shown/"),
          ("engine", "/engine/"), ("doctor", "/doctor/"), ("tokens", "/tokens/"), ("metrics", "/metrics/"),
          ("metrics-hook", "/metrics/?plugin=shown&hook=ingest"), ("traces", "/traces/"), ("trace", None),
