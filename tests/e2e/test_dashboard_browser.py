@@ -227,21 +227,26 @@ print(json.dumps({"type": "ok"}))
 """
 
 
-def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(logged_in_page, live):
-    make_plugin(live.home / "plugins", "flood", {"after_turn": FLOOD_AFTER_TURN})
-    write_config(live.home, plugin="flood")
-    page = logged_in_page
-    page.goto(live.url + "/plugins/flood/")
+def _page_with_first_line(page, live, plugin: str):
+    """A plugin with FLOOD_AFTER_TURN serving, its page open and showing the line of one call; and a Redis client."""
+    make_plugin(live.home / "plugins", plugin, {"after_turn": FLOOD_AFTER_TURN})
+    write_config(live.home, plugin=plugin)
+    page.goto(live.url + f"/plugins/{plugin}/")
     _wait_ws(page, 2)
     live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "first"}]})
     expect(page.locator("#stderr-lines")).to_contain_text("first line 0", timeout=WAIT_MS)
+    return redis.Redis.from_url(live.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(logged_in_page, live):
+    page = logged_in_page
+    r = _page_with_first_line(page, live, "flood")
     first = page.eval_on_selector("#stderr-lines .ln", "e => +e.dataset.seq")
     # 600 lines while the page's server is down: the plugin's tail keeps the last 500, so 100 are gone for good
     status, _ = live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "flood"}]})
     assert status == 202
     os.killpg(live.web.pid, signal.SIGKILL)
     live.web.wait(timeout=30)
-    r = redis.Redis.from_url(live.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     tail = f"{live.env['LIBREFANG_REDIS_PREFIX']}:stderr:tail:flood"
     deadline = time.monotonic() + 60
     while not r.lindex(tail, -1) or b"flood line 599" not in r.lindex(tail, -1):
@@ -262,15 +267,9 @@ def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(log
 
 
 def test_it_keeps_showing_lines_when_redis_loses_its_line_counter(logged_in_page, live):
-    make_plugin(live.home / "plugins", "renum", {"after_turn": FLOOD_AFTER_TURN})
-    write_config(live.home, plugin="renum")
     page = logged_in_page
-    page.goto(live.url + "/plugins/renum/")
-    _wait_ws(page, 2)
-    live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "first"}]})
-    expect(page.locator("#stderr-lines")).to_contain_text("first line 0", timeout=WAIT_MS)
+    r = _page_with_first_line(page, live, "renum")
     prefix = live.env["LIBREFANG_REDIS_PREFIX"]
-    r = redis.Redis.from_url(live.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     r.delete(f"{prefix}:stderr:seq", f"{prefix}:stderr:epoch")  # as a Redis that came back without its data
     live.hook("after_turn", {"agent_id": "a1", "messages": [{"role": "user", "content": "second"}]})
     # numbered from 1 again: shown after a notice, not dropped as a repeat of the first line's number
