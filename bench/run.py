@@ -686,6 +686,13 @@ def restart_worker(service: LiveService, warm: bool) -> None:
 REST_TARGETS = {"warm": "<= 0.25", "cold": "<= 1.10"}
 
 
+def _throughput_cell(rest: dict) -> str:
+    """calls/s (ratio to its direct windows; lowest-highest ratio of adjacent windows)"""
+    spread = [x for x in rest["pair_ratios"] if x is not None]
+    return (f"{rest['calls_per_s']:>7.1f} ({rest['ratio_to_direct']:.2f}; "
+            f"{min(spread, default=0):.2f}-{max(spread, default=0):.2f})")
+
+
 def table(results: dict) -> str:
     rows = [("figure", "p50 ms", "p95 ms", "p99 ms", "ratio p50", "target", "cpu ms", "cpu ratio")]
     d = results["direct"]
@@ -724,13 +731,8 @@ def table(results: dict) -> str:
     for agents in (1, 4, 16):
         dc, c = results["throughput"]["direct"][agents], results["throughput"]["rest_cold"][agents]
         dw, w = results["throughput"]["direct_warm_run"][agents], results["throughput"]["rest_warm"][agents]
-
-        def side(r: dict) -> str:
-            spread = [x for x in r["pair_ratios"] if x is not None]
-            return (f"{r['calls_per_s']:>7.1f} ({r['ratio_to_direct']:.2f}; "
-                    f"{min(spread, default=0):.2f}-{max(spread, default=0):.2f})")
-
-        out.append(f"{agents:>6} | {dc['calls_per_s']:>16.1f} | {side(c):<45} | {dw['calls_per_s']:>16.1f} | {side(w)}")
+        out.append(f"{agents:>6} | {dc['calls_per_s']:>16.1f} | {_throughput_cell(c):<45} | "
+                   f"{dw['calls_per_s']:>16.1f} | {_throughput_cell(w)}")
     b = results["burst"]
     out.append("")
     out.append(f"burst: {b['agents']} agents at once over REST (worker warm): {b['calls_per_s']:.1f} calls/s = "
