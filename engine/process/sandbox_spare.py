@@ -28,7 +28,7 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import _bind_back, _read_only_mounts, _under
-from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for
+from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, fork_hook
 
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
@@ -79,7 +79,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
         _become_init(lib, status_w)
     except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
         os._exit(SETUP_FAILED)
-    hook_pid = _fork()
+    hook_pid = fork_hook()
     if hook_pid:
         _init(hook_pid, status_w, sock.fileno())
     os.close(status_w)
