@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 
 from plugins_app.models import Memory
-from plugins_app.services.memory import DbMemoryStore, query_terms
+from plugins_app.selectors.memories import query_terms
+from plugins_app.services.memory import DbMemoryStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
