@@ -160,20 +160,21 @@ def detect(request: dict[str, Any]) -> str:
 def _dialect_of(m: dict[str, Any]) -> str | None:
     if "type" in m:
         return OPENAI_RESPONSES
-    if m.get("role") in OPENAI_ROLES:
+    if m.get("role") in OPENAI_ROLES or "tool_calls" in m or "tool_call_id" in m or "function_call" in m:
         return OPENAI
-    for key in OPENAI_KEYS:
-        if key in m:
-            return OPENAI
     content = m.get("content")
     if content is None:
         return OPENAI
-    if isinstance(content, list):
+    if content.__class__ is list:
         for part in content:
-            found = _part_dialect(part) if isinstance(part, dict) else None
-            if found is not None:
-                return found
+            if part.__class__ is dict and (part.get("type") not in PLAIN_BLOCKS or "cache_control" in part):
+                found = _part_dialect(part)
+                if found is not None:
+                    return found
     return None
+
+
+PLAIN_BLOCKS = frozenset({"text", "tool_use"})  # the same in LibreFang's and Anthropic's formats (no cache_control)
 
 
 def _part_dialect(part: dict[str, Any]) -> str | None:
