@@ -7,8 +7,8 @@ rest of the web tier's work.
 
 Only a call that will succeed is answered here. Everything else (another method or path, a Host Django would refuse,
 a body too large or not a valid request, a missing, unknown or under-privileged token, an agent the token is not
-bound to) goes on to Django with the body replayed, and the django-ninja route (plugins_app/api/context_engine.py, also the OpenAPI description) answers
-it exactly as before. An answer written here carries the headers Django's middleware would add
+bound to) goes on to Django with the body replayed, and the django-ninja route (plugins_app/api/context_engine.py,
+also the OpenAPI description) answers it exactly as before. An answer written here carries the headers Django's middleware would add
 (tests/app/test_api_hook_lean.py compares both paths); with settings this module does not stand in for (other
 middleware, HTTPS redirects or HSTS) every call goes to Django.
 """
