@@ -14,10 +14,16 @@ CHARS_PER_TOKEN = 4
 TOOL_RESULT_TRUNCATE_CHARS = 2000
 
 
+def session_of(request: dict) -> dict:
+    """The request's session scope as the memory store's keyword (none when the agent gave none)."""
+    session = request.get("session_id")
+    return {"session_id": str(session)} if session else {}
+
+
 def ingest(request: dict, memory: MemoryStore, max_recall_results: int = 5) -> dict:
     try:
         memories = memory.recall(str(request.get("agent_id") or ""), request.get("peer_id"),
-                                 str(request.get("message") or ""), max_recall_results)
+                                 str(request.get("message") or ""), max_recall_results, **session_of(request))
     except Exception:  # recall trouble must never cost the agent its turn
         memories = []
     return {"type": "ingest_result", "memories": memories}
@@ -58,7 +64,7 @@ def after_turn(request: dict, memory: MemoryStore) -> dict:
         return {"type": "ok", "memories_stored": 0}
     try:
         memory.remember(str(request.get("agent_id") or ""), request.get("peer_id"), text, scope="interaction",
-                        source="default")
+                        source="default", **session_of(request))
     except Exception:
         log.warning("remembering the turn of agent %r failed", request.get("agent_id"), exc_info=True)
         return {"type": "ok", "memories_stored": 0}

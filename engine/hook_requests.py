@@ -2,7 +2,9 @@
 
 The fields are the API's contract (checked by the HTTP API, plugins_app/api/hook_asgi.py and
 plugins_app/api/context_engine.py, and by the MCP tools and the CLI; published in OpenAPI). Extra fields are allowed
-everywhere: agents may send more than the docs list and plugins receive it all.
+everywhere: agents may send more than the docs list and plugins receive it all. The hooks that carry messages take
+them in any of engine/dialects.py's dialects: `accept` checks a request against its dialect's model and converts it
+to LibreFang's format, which is what plugins receive.
 
 `for_plugin` is the engine's side (`normalise`, used by engine/stack.py): the request as the plugin
 receives it, lenient as LibreFang is (docs/compatibility.md "Hooks"): malformed parts are normalised (non-list
@@ -13,14 +15,15 @@ agent left out is filled in. The agent's own values are passed on untouched: nev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from engine import dialects
 from engine import hooks as H
 
-__all__ = ["HOOK_REQUEST_MODELS", "Normalising", "ValidationError", "check", "error_details", "for_plugin",
-           "normalise"]
+__all__ = ["HOOK_REQUEST_MODELS", "AgentRequest", "Normalising", "ValidationError", "accept", "agent_ids", "check",
+           "error_details", "for_plugin", "normalise"]
 DEFAULT_AFTER_TURN_MAX_CHARS = 500
 
 
@@ -41,17 +44,19 @@ class HookRequest(BaseModel):
         return req
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict[str, Any]]
-    pinned: bool = False
+Message = dialects.LibreFangMessage
+AgentMessages = list[dialects.AgentMessage]
+ID = Field(None, max_length=200)
 
 
 class IngestRequest(HookRequest):
     agent_id: str = Field(max_length=200)
     message: str
-    peer_id: str | None = None
+    peer_id: str | None = Field(None, max_length=200, description="recall this peer's memories and the agent's "
+                                                                 "peer-less ones; absent: every peer's")
+    session_id: str | None = Field(None, max_length=200, description="recall this session's memories and the "
+                                                                    "agent's session-less ones; absent: every "
+                                                                    "session's")
 
     @classmethod
     def reshape(cls, req, how):
@@ -62,7 +67,12 @@ class IngestRequest(HookRequest):
 
 
 class _Conversation(HookRequest):
-    """The hooks that carry the conversation (assemble, compact, after_turn)."""
+    """The hooks that carry the conversation (assemble, compact, after_turn), in any dialect."""
+
+    dialect: dialects.Dialect | None = Field(None, description="the messages' format; absent: detected from them "
+                                                               "(engine/dialects.py)")
+    system: str | list[dict[str, Any]] | None = Field(None, description="Anthropic's system prompt (the assemble "
+                                                                        "request's system_prompt)")
 
     @classmethod
     def reshape(cls, req, how):
@@ -76,7 +86,7 @@ class _Window(_Conversation):
     """The hooks that fit the conversation into the model's context window (assemble, compact)."""
 
     agent_id: str = Field("", max_length=200)
-    messages: list[Message]
+    messages: AgentMessages
     context_window_tokens: int = Field(200_000, gt=0)
 
     @classmethod
@@ -111,8 +121,9 @@ class CompactRequest(_Window):
 
 class AfterTurnRequest(_Conversation):
     agent_id: str = Field(max_length=200)
-    peer_id: str | None = None
-    messages: list[Message]
+    peer_id: str | None = Field(None, max_length=200)
+    session_id: str | None = Field(None, max_length=200, description="the session the turn's memory belongs to")
+    messages: AgentMessages
 
     @classmethod
     def reshape(cls, req, how):
@@ -136,14 +147,18 @@ class BootstrapRequest(HookRequest):
         return req
 
 
-class SubagentRequest(HookRequest):
+class SubagentRequest(_Conversation):
     parent_id: str = Field(max_length=200)
     child_id: str = Field(max_length=200)
+    messages: AgentMessages | None = Field(None, description="optional: the conversation handed to or back from "
+                                                             "the sub-agent")
 
     @classmethod
     def reshape(cls, req, how):
         req.setdefault("parent_id", "")
         req.setdefault("child_id", "")
+        if "messages" in req:
+            req = super().reshape(req, how)
         return req
 
 
@@ -182,7 +197,7 @@ class TransformToolResultRequest(HookRequest):
 
 
 class OnEventRequest(HookRequest):
-    event: dict[str, Any]
+    event: dict[str, Any] = Field(description="the event; its `agent_id`, when it has one, names the agent")
 
 
 HOOK_REQUEST_MODELS: dict[str, type[HookRequest]] = {
@@ -214,11 +229,70 @@ def normalise(hook: str, request: dict[str, Any], *, after_turn_max_chars: int |
     return for_plugin(hook, request, Normalising(context_window_tokens, after_turn_max_chars))
 
 
+# The hooks whose messages may come in any dialect, and their model per dialect (each checks the messages against
+# that dialect's message model, so a refusal says what is wrong in the agent's own terms).
+CONVERSATION_HOOKS = frozenset(h for h, m in HOOK_REQUEST_MODELS.items() if issubclass(m, _Conversation))
+
+
+def _per_dialect(model: type[HookRequest]) -> dict[str, type[HookRequest]]:
+    out = {}
+    for dialect, message in dialects.MESSAGE_MODELS.items():
+        optional = model.model_fields["messages"].default is None
+        annotation = list[message] | None if optional else list[message]  # type: ignore[valid-type]
+        out[dialect] = create_model(model.__name__, __base__=model,
+                                    messages=(annotation, None if optional else ...))
+    return out
+
+
+DIALECT_MODELS = {hook: _per_dialect(HOOK_REQUEST_MODELS[hook]) for hook in CONVERSATION_HOOKS}
+
+
+@dataclass
+class AgentRequest:
+    """An agent's checked hook request: `request` in LibreFang's format (what goes to the worker) and, when the
+    agent used another dialect, the conversion that turns the answer back (engine/dialects.py)."""
+
+    hook: str
+    request: dict[str, Any]
+    conversion: dialects.Conversion | None = None
+
+    def reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body if self.conversion is None else self.conversion.reply(body)
+
+
+def accept(hook: str, data: Any) -> AgentRequest:
+    """The agent's request checked (a ValidationError otherwise) and in LibreFang's format. A LibreFang request is
+    passed on as it is: one scan of its messages to see it is one, no conversion."""
+    if hook not in CONVERSATION_HOOKS or not isinstance(data, dict):
+        HOOK_REQUEST_MODELS[hook].model_validate(data)
+        return AgentRequest(hook, data)
+    dialect = dialects.detect(data)
+    DIALECT_MODELS[hook][dialect].model_validate(data)
+    if dialect == dialects.LIBREFANG and "dialect" not in data and "system" not in data:
+        return AgentRequest(hook, data)
+    request, conversion = dialects.to_librefang(data, dialect)
+    return AgentRequest(hook, request, conversion)
+
+
 def check(hook: str, data: Any) -> dict[str, Any]:
     """`data` unchanged if it is a valid `hook` request, else a ValidationError. The agent's own dict goes on to the
     worker (not the model's dump): defaults and normalisation are the engine's, applied once where the hook runs."""
-    HOOK_REQUEST_MODELS[hook].model_validate(data)
+    accept(hook, data)
     return data
+
+
+def agent_ids(hook: str, request: dict[str, Any]) -> list[str] | None:
+    """The agents a request names (a token bound to agents may make it only for its own); None for a call that
+    concerns every agent (bootstrap, an event naming no agent)."""
+    if hook in (H.PREPARE_SUBAGENT, H.MERGE_SUBAGENT):
+        return [str(request.get("parent_id") or ""), str(request.get("child_id") or "")]
+    if hook == H.BOOTSTRAP:
+        return None
+    if hook == H.ON_EVENT:
+        event = request.get("event")
+        named = event.get("agent_id") if isinstance(event, dict) else None
+        return [str(named)] if named is not None else None
+    return [str(request.get("agent_id") or "")]
 
 
 def error_details(exc: ValidationError) -> list[dict[str, Any]]:

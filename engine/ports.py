@@ -41,10 +41,14 @@ TEST_CONSOLE = "test_console"
 
 
 class MemoryStore(Protocol):
-    def remember(self, agent_id: str, peer_id: str | None, content: str, scope: str = "hook",
-                 tags: list[str] | None = None, source: str = "") -> None: ...
+    """The default engine's memories. `session_id` (and `metadata`) are passed only when the agent gave them."""
 
-    def recall(self, agent_id: str, peer_id: str | None, query: str, limit: int) -> list[dict[str, Any]]: ...
+    def remember(self, agent_id: str, peer_id: str | None, content: str, scope: str = "hook",
+                 tags: list[str] | None = None, source: str = "", *, session_id: str | None = None,
+                 metadata: dict[str, Any] | None = None) -> None: ...
+
+    def recall(self, agent_id: str, peer_id: str | None, query: str, limit: int,
+               session_id: str | None = None) -> list[dict[str, Any]]: ...
 
 
 class InvocationSink(Protocol):

@@ -117,9 +117,12 @@ def apply_after_turn_reply(plugin: str, reply: dict, req: dict, memory: MemorySt
         if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip():
             tags = [str(t) for t in (m.get("tags") or []) if isinstance(t, str | int | float)][:16] \
                 if isinstance(m.get("tags"), list) else []
+            extra = D.session_of(req)
+            if isinstance(m.get("metadata"), dict):
+                extra["metadata"] = m["metadata"]
             try:
                 memory.remember(str(req.get("agent_id") or ""), req.get("peer_id"), m["content"],
-                                scope=",".join(tags) or "hook", tags=tags, source=plugin)
+                                scope=",".join(tags) or "hook", tags=tags, source=plugin, **extra)
                 stored += 1
             except Exception:
                 log.warning("storing a memory from %s failed", plugin, exc_info=True)

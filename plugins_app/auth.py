@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import secrets
 import time
+from collections.abc import Iterable
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.utils import timezone
 
+from engine.errors import ServiceError
 from plugins_app.models import ApiToken, Role
 
 log = logging.getLogger("librefang.auth")
@@ -146,7 +149,7 @@ ACTION_ROLES: dict[str, str] = {
     "plugins_registry_search": Role.VIEWER,
     "context_engine_metrics_per_agent": Role.VIEWER,
     "context_engine_sandbox_policy": Role.VIEWER,
-    "tokens_manage": Role.OWNER,  # dashboard only: API tokens are created with `librefang token create`
+    "tokens_manage": Role.OWNER,  # the dashboard's Tokens page and /api/tokens (as `librefang token`)
 }
 
 
@@ -164,3 +167,67 @@ def role_may(role: str | None, required: str) -> bool:
     if role == Role.AGENT:
         return False
     return ROLE_RANK[Role(role)] >= ROLE_RANK[Role(required)]
+
+
+# ---- agents are tenants: tokens bound to agent ids ----
+
+# An agent id, or a prefix of agent ids when it ends with "*" ("planner-*"); no other "*", nothing blank.
+AGENT_PATTERN = re.compile(r"(?=.{1,200}$)[^*\s][^*]*\*?", re.DOTALL)
+MAX_AGENT_PATTERNS = 64
+
+
+def clean_agent_patterns(role: str, values: Iterable[str] | None) -> list[str]:
+    """The binding of a new token, checked: only agent tokens are bound (admins and owners see every agent)."""
+    patterns = list(dict.fromkeys(v.strip() for v in (values or []) if v and v.strip()))
+    if not patterns:
+        return []
+    if role != Role.AGENT:
+        raise ValueError(f"only agent tokens are bound to agents; a {role} token sees every agent")
+    bad = [p for p in patterns if not AGENT_PATTERN.fullmatch(p)]
+    if bad:
+        raise ValueError(f"not an agent id or prefix: {', '.join(map(repr, bad))} (a trailing * makes a prefix; "
+                         "no other *, at most 200 characters)")
+    if len(patterns) > MAX_AGENT_PATTERNS:
+        raise ValueError(f"at most {MAX_AGENT_PATTERNS} agent ids per token")
+    return patterns
+
+
+def is_bound(token: ApiToken) -> bool:
+    return token.role == Role.AGENT and bool(token.agent_ids)
+
+
+def may_act_for(token: ApiToken, agent_id: str) -> bool:
+    """Whether `token` may call hooks, tools and the memory API for `agent_id`: admins, owners and unbound agent
+    tokens for every agent; a bound agent token only for the ids (or prefixes, "x*") it is bound to."""
+    if not is_bound(token):
+        return True
+    return any(agent_id.startswith(p[:-1]) if p.endswith("*") else agent_id == p for p in token.agent_ids)
+
+
+class AgentForbidden(ServiceError):
+    """A bound token naming an agent it is not bound to (or a call that concerns every agent)."""
+
+    def __init__(self, token: ApiToken, refused: list[str] | None):
+        bound_to = ", ".join(token.agent_ids)
+        if refused is None:
+            message = f"this call concerns every agent; the token is bound to {bound_to}"
+        else:
+            message = f"the token is bound to {bound_to}; not to {', '.join(map(repr, refused))}"
+        super().__init__("agent_forbidden", message, 403, {"agent_ids": refused, "bound_to": list(token.agent_ids)})
+
+
+def refused_agents(token: ApiToken, agent_ids: list[str] | None) -> AgentForbidden | None:
+    """Why `token` may not make a call naming `agent_ids` (None: a call that concerns every agent), or None."""
+    if not is_bound(token):
+        return None
+    if agent_ids is None:
+        return AgentForbidden(token, None)
+    refused = [a for a in agent_ids if not may_act_for(token, a)]
+    return AgentForbidden(token, refused) if refused else None
+
+
+def check_agents(token: ApiToken | None, agent_ids: list[str] | None) -> None:
+    """Raise AgentForbidden (403) unless `token` may act for every one of `agent_ids`."""
+    problem = refused_agents(token, agent_ids) if token is not None else None
+    if problem is not None:
+        raise problem

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from django import forms
 
@@ -79,6 +80,12 @@ class EngineConfigForm(forms.Form):
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, strip=True)
     role = forms.ChoiceField(choices=Role.choices, initial=Role.AGENT)
+    agents = forms.CharField(required=False, max_length=14_000, strip=True,
+                             help_text="agent tokens: the agent ids it may act for, separated by commas or spaces "
+                                       "(a trailing * for a prefix); empty: every agent")
+
+    def clean_agents(self) -> list[str]:
+        return [a for a in re.split(r"[\s,]+", self.cleaned_data.get("agents") or "") if a]
 
 
 class TestHookForm(forms.Form):

@@ -22,6 +22,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # An agent token bound to agents: the agent ids (a trailing "*" is a prefix) it may act for; empty: every agent
+    # (plugins_app/auth.py `may_act_for`).
+    agent_ids = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -128,18 +131,26 @@ class HookTrace(models.Model):
 
 
 class Memory(models.Model):
-    """The default engine's memory store, scoped by agent and peer."""
+    """The default engine's memory store, scoped by agent, peer and session ("" = none); a `key` names a memory
+    within its scope (put-by-key replaces it)."""
 
     agent_id = models.CharField(max_length=200, db_index=True)
     peer_id = models.CharField(max_length=200, blank=True, db_index=True)
+    session_id = models.CharField(max_length=200, blank=True, default="", db_index=True)
+    key = models.CharField(max_length=200, blank=True, default="")
     content = models.TextField()
     scope = models.CharField(max_length=200, default="hook")
     tags = models.JSONField(default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
     source = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["agent_id", "peer_id", "session_id", "key"],
+                                               condition=~models.Q(key=""), name="uniq_memory_key_in_scope")]
 
 
 class JobRecord(models.Model):

@@ -1,8 +1,9 @@
 from ninja import NinjaAPI
 
-from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories
+from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories, tokens
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
+from plugins_app.api.contract import add_components
 from plugins_app.api.errors import install_handlers
 
 ROLE_NOTES = {
@@ -18,6 +19,7 @@ class Api(NinjaAPI):
 
     def get_openapi_schema(self, *args, **kwargs):
         schema = super().get_openapi_schema(*args, **kwargs)
+        add_components(schema)  # the models routes read or answer by reference (plugins_app/api/contract.py)
         roles = {}
         for _prefix, router in self._routers:
             for path_view in router.path_operations.values():
@@ -51,4 +53,5 @@ api.add_router("/context-engine", context_engine_extra.router)
 api.add_router("/plugins", plugins_api.router)
 api.add_router("/tools", tools_api.router)
 api.add_router("/memories", memories.router)
+api.add_router("/tokens", tokens.router)
 api.add_router("/", fallback.router)  # keep last: JSON 404 for unknown /api/ paths

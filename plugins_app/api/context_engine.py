@@ -3,22 +3,22 @@ plugins_app/api/hook_asgi.py; the routes here describe them (OpenAPI) and answer
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router, Schema
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from engine import hook_requests
+from engine.hook_replies import HOOK_REPLY_MODELS
 from engine.hooks import ALL_HOOKS
+from plugins_app.api.contract import body_of
 from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
 from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
-from plugins_app.auth import token_cache
+from plugins_app.auth import check_agents, token_cache
 from plugins_app.models import Role
 from plugins_app.schemas import (
-    Accepted,
     ChainOut,
     EngineConfigIn,
     EngineConfigOut,
     EngineHealthOut,
     ErrorEnvelope,
-    HookReply,
     MetricsOut,
     MetricsSummaryOut,
     ResetOut,
@@ -41,32 +41,11 @@ def optional_body_openapi(schema: type[Schema]) -> dict:
     return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
 
 
-def validated(hook: str, data: dict) -> dict:
+def validated(hook: str, data: dict) -> hook_requests.AgentRequest:
     try:
-        return hook_requests.check(hook, data)
+        return hook_requests.accept(hook, data)
     except hook_requests.ValidationError as exc:
         raise ApiError(400, "validation_error", f"invalid {hook} request", hook_requests.error_details(exc)) from exc
-
-
-def inline_schema(schema: type[BaseModel]) -> dict:
-    """The request's JSON schema with its local `$defs` inlined (an OpenAPI document resolves `#/...` refs from
-    its own root)."""
-    doc = schema.model_json_schema()
-    defs = doc.pop("$defs", {})
-
-    def resolve(node, depth=0):
-        if depth > 20:  # recursive models: leave the rest open
-            return {}
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return resolve(defs[ref.rsplit("/", 1)[1]], depth + 1)
-            return {k: resolve(v, depth) for k, v in node.items()}
-        if isinstance(node, list):
-            return [resolve(v, depth) for v in node]
-        return node
-
-    return resolve(doc)
 
 
 class CachedHookAuth(TokenAuth):
@@ -89,20 +68,28 @@ class CachedHookAuth(TokenAuth):
 HOOK_AUTH = CachedHookAuth(Role.AGENT)
 
 
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending the call again",
+                               "schema": {"type": "integer", "minimum": 1}}}
+
+
 def _make_hook_route(hook: str):
     schema = hook_requests.HOOK_REQUEST_MODELS[hook]
     fire_and_forget = hook in ("after_turn", "on_event")
-    responses = {202: Accepted} if fire_and_forget else {200: HookReply}
+    reply = HOOK_REPLY_MODELS[hook]
+    responses = {202: reply} if fire_and_forget else {200: reply}
     responses.update({400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 413: ErrorEnvelope,
                       502: ErrorEnvelope})
+    extra = body_of(schema)
     if fire_and_forget:  # not stored because Redis is unreachable (Retry-After says when to send it again)
         responses[503] = ErrorEnvelope
+        extra["responses"] = {"503": {"description": "not stored: the job bus is unreachable", "headers": RETRY_AFTER}}
 
     async def call(request: HttpRequest):
         # One parse and one validation per call (the schema is declared for OpenAPI only, not re-parsed by ninja).
         # Over daphne only refused calls get here (plugins_app/api/hook_asgi.py answers the others the same way).
-        data = validated(hook, parse_body(request))
-        status, reply, headers = await hook_service.call_hook(hook, data)
+        agent_call = validated(hook, parse_body(request))
+        check_agents(request.auth, hook_requests.agent_ids(hook, agent_call.request))
+        status, reply, headers = await hook_service.answer(agent_call)
         response = json_response(reply, status)
         for name, value in headers.items():
             response[name] = value
@@ -114,9 +101,7 @@ def _make_hook_route(hook: str):
         "job bus is unreachable (nothing stored: send it again)." if fire_and_forget else
         "The final result after stack and fallback, with `source` and `fallback_reason`."))
     router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=HOOK_AUTH, response=responses,
-                             operation_id=f"hook_{hook}", openapi_extra={"requestBody": {
-                                 "required": True,
-                                 "content": {"application/json": {"schema": inline_schema(schema)}}}})
+                             operation_id=f"hook_{hook}", openapi_extra=extra)
 
 
 for _hook in ALL_HOOKS:

@@ -1,12 +1,14 @@
 """The agents' hook calls (`POST /api[/v1]/context-engine/hooks/<hook>`) answered straight from ASGI: read the body,
 take the bearer token from the per-process cache (plugins_app/auth.py TokenCache), check the request once against
-its model (engine/hook_requests.py), call plugins_app/services/hooks.py and write the JSON answer. No Django
-middleware, URL resolving or thread hop on the way: those cost more CPU than the rest of the web tier's work.
+its model (engine/hook_requests.py `accept`: in another dialect than LibreFang's, converted once), check that a
+token bound to agents names only its own (from the cached token, no query), call plugins_app/services/hooks.py and
+write the JSON answer. No Django middleware, URL resolving or thread hop on the way: those cost more CPU than the
+rest of the web tier's work.
 
 Only a call that will succeed is answered here. Everything else (another method or path, a Host Django would refuse,
-a body too large or not a valid request, a missing, unknown or under-privileged token) goes on to Django with the
-body replayed, and the django-ninja route (plugins_app/api/context_engine.py, also the OpenAPI description) answers
-it exactly as before. An answer written here carries the headers Django's middleware would add
+a body too large or not a valid request, a missing, unknown or under-privileged token, an agent the token is not
+bound to) goes on to Django with the body replayed, and the django-ninja route (plugins_app/api/context_engine.py,
+also the OpenAPI description) answers it exactly as before. An answer written here carries the headers Django's middleware would add
 (tests/app/test_api_hook_lean.py compares both paths); with settings this module does not stand in for (other
 middleware, HTTPS redirects or HSTS) every call goes to Django.
 """
@@ -18,7 +20,6 @@ import contextlib
 import json
 import logging
 import re
-from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -28,7 +29,7 @@ from engine import hook_requests
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.app import api
 from plugins_app.api.errors import envelope, json_response
-from plugins_app.auth import allows, token_cache
+from plugins_app.auth import allows, refused_agents, token_cache
 from plugins_app.models import Role
 from plugins_app.services import hooks as hook_service
 
@@ -101,15 +102,15 @@ class LeanHookRoutes:
         body = b"".join(chunks)
         if complete and headers is not None and _plain_request(headers, len(body), limit):
             token = await _token(headers.get(b"authorization"))
-            data = _request_data(hook, body) if token is not None else None
-            if data is not None:
-                return await self._answer(hook, data, receive, send)
+            call = _request_data(hook, body) if token is not None else None
+            if call is not None and refused_agents(token, hook_requests.agent_ids(hook, call.request)) is None:
+                return await self._answer(call, receive, send)
         # Not a call that succeeds: Django answers, reading the same body.
         return await self.app(scope, _replaying(body, complete, receive), send)
 
-    async def _answer(self, hook: str, data: dict[str, Any], receive, send) -> None:
+    async def _answer(self, agent_call: hook_requests.AgentRequest, receive, send) -> None:
         # As Django's ASGIHandler: a client that disconnects while waiting cancels its call.
-        call = asyncio.ensure_future(self._call_and_send(hook, data, send))
+        call = asyncio.ensure_future(self._call_and_send(agent_call, send))
         listener = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait([call, listener], return_when=asyncio.FIRST_COMPLETED)
@@ -122,9 +123,9 @@ class LeanHookRoutes:
         if call.done() and not call.cancelled():
             call.result()
 
-    async def _call_and_send(self, hook: str, data: dict[str, Any], send) -> None:
+    async def _call_and_send(self, agent_call: hook_requests.AgentRequest, send) -> None:
         try:
-            status, reply, extra = await hook_service.call_hook(hook, data)
+            status, reply, extra = await hook_service.answer(agent_call)
             response = json_response(reply, status)
             for name, value in extra.items():
                 response[name] = value
@@ -225,10 +226,10 @@ async def _token(authorization: bytes | None):
     return found if found is not None and allows(found, Role.AGENT) else None
 
 
-def _request_data(hook: str, body: bytes) -> dict[str, Any] | None:
+def _request_data(hook: str, body: bytes) -> hook_requests.AgentRequest | None:
     """The agent's request if it is valid for `hook`, parsed and checked once; None otherwise."""
     try:
         data = json.loads(body or b"null")
-        return hook_requests.check(hook, data) if isinstance(data, dict) else None
+        return hook_requests.accept(hook, data) if isinstance(data, dict) else None
     except (ValueError, UnicodeDecodeError, RecursionError, hook_requests.ValidationError):
         return None

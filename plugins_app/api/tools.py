@@ -10,11 +10,12 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from ninja.security import HttpBearer
 
+from plugins_app.api.contract import body_of
 from plugins_app.api.errors import ApiError, json_response, parse_body
 from plugins_app.api.security import actor, for_action
 from plugins_app.auth import allows, lookup
 from plugins_app.models import Role
-from plugins_app.schemas import ErrorEnvelope
+from plugins_app.schemas import ErrorEnvelope, ToolExecuteIn, ToolRunOut
 from plugins_app.selectors import tools as tool_selectors
 from plugins_app.services import tools as tool_service
 
@@ -100,8 +101,8 @@ def get_tool(request, tool_id: str):
     return json_response(tool_selectors.get_tool(tool_id))
 
 
-@router.post("/{tool_id}/execute", auth=RUN, response={200: dict, **ERRORS, 503: ErrorEnvelope, 504: dict},
-             operation_id="tools_execute")
+@router.post("/{tool_id}/execute", auth=RUN, response={200: ToolRunOut, **ERRORS, 503: ToolRunOut, 504: ToolRunOut},
+             operation_id="tools_execute", openapi_extra=body_of(ToolExecuteIn))
 async def execute(request, tool_id: str):
     """`{"input": "..."}` → `{"output", "error"}` (AgentZero's tool result mapping), run by a worker.
 

@@ -33,12 +33,16 @@ def _token_of(ctx) -> str:
     return tokens.bearer(dict(request.headers)) if request is not None else ""
 
 
-async def _role(ctx) -> str:
-    """The role of the token on the HTTP request that carried this message (checked again per message)."""
+async def _token(ctx):
+    """The token on the HTTP request that carried this message (checked again per message)."""
     found = await tokens.resolve(_token_of(ctx))
     if found is None:
         raise mcp_tools.McpToolError("unauthorized", "the bearer token is missing, unknown or revoked")
-    return str(found.role)
+    return found
+
+
+async def _role(ctx) -> str:
+    return str((await _token(ctx)).role)
 
 
 def _result(body: dict[str, Any], is_error: bool = False) -> types.CallToolResult:
@@ -96,21 +100,21 @@ async def on_list_tools(ctx, params) -> types.ListToolsResult:
     SESSIONS.track(ctx)
     role = await _role(ctx)
     return types.ListToolsResult(tools=[
-        types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
+        types.Tool(name=t.name, description=t.description, input_schema=t.input_schema, output_schema=t.output_schema)
         for t in await mcp_tools.available(role)])
 
 
 async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
     SESSIONS.track(ctx)
     try:
-        role = await _role(ctx)
+        token = await _token(ctx)
         tool = await mcp_tools.find(params.name)
         if tool is None:
             raise mcp_tools.McpToolError("not_found", f"no tool named {params.name!r}")
-        if not tool.allowed(role):
+        if not tool.allowed(str(token.role)):
             raise mcp_tools.McpToolError("forbidden", f"the {params.name} tool needs another role; the token has "
-                                                      f"{role}")
-        return _result(await tool.run(dict(params.arguments or {})))
+                                                      f"{token.role}")
+        return _result(await tool.run(dict(params.arguments or {}), token))
     except mcp_tools.McpToolError as exc:
         return _result(exc.body, is_error=True)
 
@@ -144,8 +148,9 @@ async def on_read_resource(ctx, params: types.ReadResourceRequestParams) -> type
 
 def build_server() -> McpServer:
     return McpServer("librefang", version="1", instructions=(
-        "LibreFang's context engine: `recall` before answering, `remember` after each turn; installed WASM tools "
-        "are tools of their own."),
+        "LibreFang's context engine: `recall` before answering, `remember` after each turn, `assemble` and "
+        "`compact` to fit the conversation; the memory_* tools read and change what is remembered; installed WASM "
+        "tools are tools of their own."),
         on_list_tools=on_list_tools, on_call_tool=on_call_tool, on_list_resources=on_list_resources,
         on_read_resource=on_read_resource)
 

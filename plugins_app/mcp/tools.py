@@ -1,23 +1,34 @@
-"""What /mcp offers and how each call is answered: the context engine's hooks (the REST hook routes' service,
-plugins_app/services/hooks.py), every installed and enabled WASM tool (run on a worker as POST
-/api/tools/{id}/execute does, plugins_app/services/tools.py), and read-only `plugins` / `doctor` for viewers.
+"""What /mcp offers and how each call is answered: every context-engine hook (the REST hook routes' service,
+plugins_app/services/hooks.py; `recall` is ingest, `remember` after_turn), the memory API (plugins_app/mcp/
+memory_tools.py), every installed and enabled WASM tool (run on a worker as POST /api/tools/{id}/execute does,
+plugins_app/services/tools.py), and read-only `plugins` / `doctor` for viewers.
 
-Each tool declares the role check it needs (plugins_app/mcp/tokens.py); a token only sees the tools it may call.
+Each tool's input schema is the model its arguments are checked against (the REST routes' models: engine/
+hook_requests.py, plugins_app/schemas), its output schema the model of its answer (engine/hook_replies.py). A
+refusal is a tool error whose structured content is REST's envelope: {"error": {"code", "message", "details"}}.
+Each tool declares the role check it needs (plugins_app/mcp/tokens.py), and a token bound to agents calls tools only
+for its agents (plugins_app/auth.py); a token only sees the tools it may call.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine import hook_requests
+from engine import hooks as H
+from engine.hook_replies import HOOK_REPLY_MODELS
 from engine.wasm import tools as T
 from plugins_app import bus
+from plugins_app.auth import refused_agents
 from plugins_app.mcp import tokens
+from plugins_app.mcp.memory_tools import MEMORY_TOOLS
+from plugins_app.mcp.tool_base import McpToolError, Run, ToolDef, checked, schema_of
+from plugins_app.models import ApiToken
+from plugins_app.schemas import DoctorOut, ToolRunOut
 from plugins_app.selectors import doctor as doctor_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import tools as tool_selectors
@@ -25,47 +36,24 @@ from plugins_app.services import hooks as hook_service
 from plugins_app.services import tools as tool_service
 
 ORIGIN = "mcp"  # engine.ports.MCP: the origin of the jobs (and so the traces) of MCP calls
+__all__ = ["BUILTIN", "McpToolError", "ToolDef", "available", "find", "listing_stamp"]
 
 
-class McpToolError(Exception):
-    """A refused or failed call: answered as a tool result with isError (the protocol's tool error)."""
+# ---- the hooks ----
 
-    def __init__(self, code: str, message: str, details: Any = None):
-        super().__init__(message)
-        self.body = {"error": {"code": code, "message": message, "details": details}}
-
-
-@dataclass
-class ToolDef:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    allowed: Callable[[str], bool]
-    run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-MESSAGES_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
-    "role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}},
-    "required": ["role", "content"]}}
-
-
-def _hook_input(hook: str, fields: dict[str, Any]) -> dict[str, Any]:
-    # Advertise the documented fields; extra fields go to the plugins as over REST (the schemas allow extras).
-    schema = {"type": "object", "properties": fields, "required": [k for k in fields if k in ("agent_id", "messages",
-                                                                                           "query")]}
-    if hook in ("assemble", "compact"):
-        schema["required"] = ["messages"]
-    return schema
-
-
-async def _hook(hook: str, request: dict[str, Any]) -> dict[str, Any]:
+async def call_hook(tool: str, hook: str, args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
+    """A hook call as REST's hook routes make it: checked (any dialect), for the token's agents, with the same
+    deadline, fallback and answer in the agent's dialect."""
     try:
-        hook_requests.check(hook, request)
+        call = hook_requests.accept(hook, args)
     except hook_requests.ValidationError as exc:  # the REST route's check (engine/hook_requests.py)
-        raise McpToolError("validation_error", f"invalid {hook} arguments: {exc}") from exc
+        raise McpToolError.invalid(tool, exc) from exc
+    refused = refused_agents(token, hook_requests.agent_ids(hook, call.request))
+    if refused is not None:
+        raise McpToolError.of(refused)
     origin = bus.JOB_ORIGIN.set(ORIGIN)
     try:
-        status, body, headers = await hook_service.call_hook(hook, request)
+        status, body, headers = await hook_service.answer(call)
     finally:
         bus.JOB_ORIGIN.reset(origin)
     if status >= 400:  # 503: the job bus is down (retry); 502: a plugin aborted the turn
@@ -76,57 +64,100 @@ async def _hook(hook: str, request: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-async def recall(args: dict[str, Any]) -> dict[str, Any]:
+class RecallArgs(BaseModel):
+    """recall's arguments: the ingest hook's, with the agent's message as `query`."""
+
+    model_config = ConfigDict(extra="allow", title="RecallArgs")
+    agent_id: str = Field(max_length=200)
+    query: str = Field(description="the agent's message (ingest's `message`)")
+    peer_id: str | None = Field(None, max_length=200, description="recall this peer's memories and the agent's "
+                                                                 "peer-less ones; absent: every peer's")
+    session_id: str | None = Field(None, max_length=200, description="recall this session's memories and the "
+                                                                    "session-less ones; absent: every session's")
+
+
+async def recall(args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
     """ingest: the agent's message in, what the context engine recalls for it out."""
-    request = {k: v for k, v in args.items() if k not in ("query",)}
-    request["message"] = args.get("query", args.get("message"))
-    return await _hook("ingest", request)
+    checked(RecallArgs, "recall", args)
+    request = {k: v for k, v in args.items() if k != "query"}
+    request["message"] = args["query"]
+    return await call_hook("recall", H.INGEST, request, token)
 
 
-async def remember(args: dict[str, Any]) -> dict[str, Any]:
-    return await _hook("after_turn", dict(args))
+def _hook_runner(tool: str, hook: str) -> Run:
+    async def run(args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
+        return await call_hook(tool, hook, args, token)
+    return run
 
 
-async def assemble(args: dict[str, Any]) -> dict[str, Any]:
-    return await _hook("assemble", dict(args))
+HOOK_TOOLS = {  # tool name -> (hook, what it does)
+    "remember": (H.AFTER_TURN, "Store a finished turn (the after_turn hook), queued for a worker; answers the job id."),
+    "assemble": (H.ASSEMBLE, "Fit a conversation into the context window (the assemble hook)."),
+    "compact": (H.COMPACT, "Summarise a conversation to free context (the compact hook)."),
+    "bootstrap": (H.BOOTSTRAP, "Let the plugins set themselves up (the bootstrap hook); concerns every agent."),
+    "prepare_subagent": (H.PREPARE_SUBAGENT, "Before a sub-agent starts (the prepare_subagent hook)."),
+    "merge_subagent": (H.MERGE_SUBAGENT, "After a sub-agent finished, fold its work back (the merge_subagent hook)."),
+    "transform_tool_result": (H.TRANSFORM_TOOL_RESULT, "Rewrite a tool's result before the model sees it (the "
+                                                        "transform_tool_result hook)."),
+    "on_event": (H.ON_EVENT, "Hand the plugins an event (the on_event hook), queued for a worker."),
+}
+MESSAGES_NOTE = (" Messages in LibreFang's, OpenAI Chat Completions', OpenAI Responses' or Anthropic Messages' format; "
+                 "the answer's come back in the same one.")
 
 
-async def compact(args: dict[str, Any]) -> dict[str, Any]:
-    return await _hook("compact", dict(args))
+def _hook_tools() -> list[ToolDef]:
+    out = [ToolDef("recall", "What the context engine recalls for an agent's message (the ingest hook: plugin or "
+                             "stack, with the default engine's fallback and fallback_reason); the built-in store's "
+                             "memories carry their id.",
+                   schema_of(RecallArgs), tokens.may_call_hooks, recall, schema_of(HOOK_REPLY_MODELS[H.INGEST]))]
+    for name, (hook, what) in HOOK_TOOLS.items():
+        note = MESSAGES_NOTE if hook in hook_requests.CONVERSATION_HOOKS else ""
+        out.append(ToolDef(name, what + note, schema_of(hook_requests.HOOK_REQUEST_MODELS[hook]),
+                           tokens.may_call_hooks, _hook_runner(name, hook), schema_of(HOOK_REPLY_MODELS[hook])))
+    return out
 
 
-async def plugins(args: dict[str, Any]) -> dict[str, Any]:
+# ---- read-only views for viewers ----
+
+class PluginsOut(BaseModel):
+    model_config = ConfigDict(extra="allow", title="PluginsOut")
+    plugins: list[dict[str, Any]]
+    chain: dict[str, Any]
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="NoArgs")
+
+
+class DoctorArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="DoctorArgs")
+    fresh: bool = Field(False, description="run the checks again instead of using the last results")
+
+
+async def plugins(args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
+    checked(NoArgs, "plugins", args)
     items = await sync_to_async(plugin_selectors.list_plugins)()
     return {"plugins": [p.to_dict() for p in items], "chain": await sync_to_async(plugin_selectors.active_chain)()}
 
 
-async def doctor(args: dict[str, Any]) -> dict[str, Any]:
-    return await sync_to_async(doctor_selectors.doctor, thread_sensitive=False)(fresh=bool(args.get("fresh")))
+async def doctor(args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
+    fresh = checked(DoctorArgs, "doctor", args).fresh  # type: ignore[attr-defined]
+    return await sync_to_async(doctor_selectors.doctor, thread_sensitive=False)(fresh=fresh)
 
 
-BUILTIN: list[ToolDef] = [
-    ToolDef("recall", "What the context engine recalls for an agent's message (the ingest hook: plugin or stack, "
-                      "with the default engine's fallback and fallback_reason).",
-            _hook_input("ingest", {"agent_id": {"type": "string"}, "query": {"type": "string"},
-                                   "peer_id": {"type": "string"}}), tokens.may_call_hooks, recall),
-    ToolDef("remember", "Store a finished turn (the after_turn hook), queued for a worker; answers the job id.",
-            _hook_input("after_turn", {"agent_id": {"type": "string"}, "messages": MESSAGES_SCHEMA,
-                                       "peer_id": {"type": "string"}}), tokens.may_call_hooks, remember),
-    ToolDef("assemble", "Fit a conversation into the context window (the assemble hook).",
-            _hook_input("assemble", {"agent_id": {"type": "string"}, "messages": MESSAGES_SCHEMA,
-                                     "system_prompt": {"type": "string"},
-                                     "context_window_tokens": {"type": "integer"}}), tokens.may_call_hooks, assemble),
-    ToolDef("compact", "Summarise a conversation to free context (the compact hook).",
-            _hook_input("compact", {"agent_id": {"type": "string"}, "messages": MESSAGES_SCHEMA,
-                                    "model": {"type": "string"}, "context_window_tokens": {"type": "integer"}}),
-            tokens.may_call_hooks, compact),
-    ToolDef("plugins", "The installed context-engine plugins and the chain serving now (read-only).",
-            {"type": "object", "properties": {}}, tokens.may_read, plugins),
-    ToolDef("doctor", "Runtime and plugin health findings with hints (read-only).",
-            {"type": "object", "properties": {"fresh": {"type": "boolean"}}}, tokens.may_read, doctor),
-]
+def _builtin() -> list[ToolDef]:
+    return [*_hook_tools(), *MEMORY_TOOLS,
+            ToolDef("plugins", "The installed context-engine plugins and the chain serving now (read-only).",
+                    schema_of(NoArgs), tokens.may_read, plugins, schema_of(PluginsOut)),
+            ToolDef("doctor", "Runtime and plugin health findings with hints (read-only).",
+                    schema_of(DoctorArgs), tokens.may_read, doctor, schema_of(DoctorOut))]
+
+
+BUILTIN: list[ToolDef] = _builtin()
 BUILTIN_NAMES = {t.name for t in BUILTIN}
 
+
+# ---- WASM tools ----
 
 def wasm_tool_name(tool_id: str) -> str:
     return f"wasm_{tool_id}" if tool_id in BUILTIN_NAMES else tool_id
@@ -140,8 +171,8 @@ def _tool_schema(info: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": True}
 
 
-def _wasm_runner(tool_id: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-    async def run(args: dict[str, Any]) -> dict[str, Any]:
+def _wasm_runner(tool_id: str) -> Run:
+    async def run(args: dict[str, Any], token: ApiToken) -> dict[str, Any]:
         try:
             # the tool-call argument string, as AgentZero hands it to a module
             text = tool_service.check_input(json.dumps(args, ensure_ascii=False))
@@ -161,7 +192,8 @@ def _wasm_tools() -> list[ToolDef]:
         if not info["enabled"] or info["problems"]:
             continue
         out.append(ToolDef(wasm_tool_name(info["id"]), info["description"] or f"WASM tool {info['id']}",
-                           _tool_schema(info), tokens.may_run_tools, _wasm_runner(info["id"])))
+                           _tool_schema(info), tokens.may_run_tools, _wasm_runner(info["id"]),
+                           schema_of(ToolRunOut)))
     return out
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, create_model
+from pydantic import AfterValidator, ConfigDict, Field, create_model
 
 from plugins_app.selectors.plugins import PluginSummary
 
@@ -19,21 +20,6 @@ class ErrorBody(Schema):
 
 class ErrorEnvelope(Schema):
     error: ErrorBody
-
-
-class HookReply(Schema):
-    """The final result after stack and fallback: the hook's result fields plus where it came from."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str
-    source: str
-    fallback_reason: str | None = None
-
-
-class Accepted(Schema):
-    accepted: bool
-    job_id: str
-    hook: str
 
 
 class HookMetricOut(Schema):
@@ -259,23 +245,70 @@ class PluginHealthOut(Open):
 
 # ---- memories (the default engine's memory store) ----
 
+def _small_json(value: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    if len(json.dumps(value, default=str)) > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is larger than {MAX_METADATA_BYTES} bytes as JSON")
+    return value
+
+
+MAX_METADATA_BYTES = 16_384
+Tag = Annotated[str, Field(min_length=1, max_length=64)]
+Tags = list[Tag]
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Any], AfterValidator(_small_json)]
+ScopeId = Annotated[str, Field(min_length=1, max_length=200)]
+MemoryKey = Annotated[str, Field(min_length=1, max_length=200, description="unique within the memory's scope "
+                                                                           "(agent, peer, session)")]
+MemoryContent = Annotated[str, Field(min_length=1, max_length=20_000)]
+
+
 class MemoryIn(Schema):
-    agent_id: str = Field(min_length=1, max_length=200)
-    peer_id: str | None = Field(None, max_length=200)
-    content: str = Field(min_length=1, max_length=20_000)
-    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
+    """A new memory. Its scope is the agent, and the peer and session when given."""
+
+    model_config = ConfigDict(extra="forbid")
+    agent_id: ScopeId
+    peer_id: ScopeId | None = None
+    session_id: ScopeId | None = None
+    key: MemoryKey | None = None
+    content: MemoryContent
+    tags: Tags = Field(default_factory=list, max_length=16)
+    metadata: Metadata = Field(default_factory=dict, description="any JSON object; list filters match its "
+                                                                 "top-level keys")
+    expires_at: datetime | None = Field(None, description="after this the memory is never recalled nor listed")
 
 
-class MemoryOut(Open):
+class MemoryPutIn(MemoryIn):
+    """Put by key: replaces the memory with this key in this scope, or makes it."""
+
+    key: MemoryKey
+
+
+class MemoryPatchIn(Schema):
+    """The fields given replace the memory's (`metadata` and `tags` whole)."""
+
+    model_config = ConfigDict(extra="forbid")
+    content: MemoryContent | None = None
+    tags: Tags | None = Field(None, max_length=16)
+    metadata: Metadata | None = None
+    expires_at: datetime | None = None
+
+
+class MemoryOut(Schema):
     id: int
     agent_id: str
     peer_id: str | None
+    session_id: str | None
+    key: str | None
     content: str
     scope: str
     tags: list[str]
+    metadata: dict[str, Any]
     source: str
     created_at: str
-    score: float | None = None
+    updated_at: str
+    expires_at: str | None
+    score: float | None = Field(None, description="with a search: relevance, 0..1")
 
 
 class MemoryListOut(Schema):
@@ -284,8 +317,70 @@ class MemoryListOut(Schema):
     offset: int
     limit: int
     query: str | None
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
 
-class MemoryDeleteOut(Open):
+class MemoryDeleteOut(Schema):
     deleted: int
     agent_id: str
+    id: int | None = None
+    peer_id: str | None = None
+    session_id: str | None = None
+
+
+class MemoryScopeOut(Schema):
+    peer_id: str | None
+    session_id: str | None
+    count: int
+
+
+class MemoryScopesOut(Schema):
+    agent_id: str
+    scopes: list[MemoryScopeOut]
+
+
+# ---- tokens ----
+
+class TokenIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100)
+    role: Literal["owner", "admin", "viewer", "agent"]
+    agent_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, max_length=64,
+        description="agent tokens only: the agent ids it may act for, a trailing * for a prefix; empty: every agent")
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    role: str
+    prefix: str
+    agent_ids: list[str] | None = Field(description="[] for an agent token of every agent; null for other roles")
+    active: bool
+    created_at: str
+    last_used_at: str | None
+    revoked_at: str | None
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(description="the secret, shown in this answer only")
+
+
+class TokenListOut(Schema):
+    items: list[TokenOut]
+
+
+# ---- WASM tools ----
+
+class ToolExecuteIn(Schema):
+    input: str | dict[str, Any] = Field(description="the tool-call argument string (any other JSON value is passed "
+                                                    "as its JSON text)")
+
+
+class ToolRunOut(Open):
+    """A tool run: `ok` false with `error` (and `kind`) when the module failed or no worker ran it."""
+
+    ok: bool
+    output: str
+    error: str | None = None
+    kind: str | None = None

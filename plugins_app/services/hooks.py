@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 
 from engine import hooks as H
 from engine import protocol as P
+from engine.hook_requests import AgentRequest
 from plugins_app import bus
 from plugins_app.models import JobRecord
 from plugins_app.services.affinity import agent_to_route
@@ -85,6 +86,15 @@ async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, A
                           "details": {"cause": str(exc), "retry_after_secs": RETRY_AFTER_SECS}}}
         return 503, body, {"Retry-After": str(RETRY_AFTER_SECS)}
     return 202, {"accepted": True, "job_id": job_id, "hook": hook}, {}
+
+
+async def answer(call: AgentRequest) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """call_hook for an agent's checked request (engine/hook_requests.py `accept`): the answer's messages go back in
+    the dialect the agent sent (engine/dialects.py)."""
+    status, body, headers = await call_hook(call.hook, call.request)
+    if status == 200 and call.conversion is not None:
+        body = call.reply(body)
+    return status, body, headers
 
 
 def _record_web_fallback(hook: str, reason: str) -> None:

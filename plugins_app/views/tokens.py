@@ -50,7 +50,8 @@ def token_create(request):
         return _page(request, form=form, status=400)
     try:
         token, raw = token_service.create_token(form.cleaned_data["name"], form.cleaned_data["role"],
-                                                created_by=request.user, actor=actor(request))
+                                                created_by=request.user, actor=actor(request),
+                                                agent_ids=form.cleaned_data["agents"])
     except ValueError as exc:
         return _page(request, form=form, error=str(exc), status=400)
     request.session[NEW_TOKEN_KEY] = {"id": token.pk, "raw": raw}

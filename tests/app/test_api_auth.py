@@ -66,9 +66,16 @@ ROUTES = [
     ("POST", "/context-engine/hooks/transform_tool_result", AGENT, {"tool_name": "t", "content": "x"}, 200),
     ("POST", "/context-engine/hooks/on_event", AGENT, {"event": {"name": "x"}}, 202),
     ("POST", "/memories", AGENT, {"agent_id": "a", "content": "remember this"}, 201),
+    ("PUT", "/memories", AGENT, {"agent_id": "a", "key": "k", "content": "remember this"}, 201),
     ("GET", "/memories?agent_id=a", AGENT, None, 200),
-    ("DELETE", "/memories?agent_id=a", ADMIN, None, 200),
+    ("GET", "/memories/scopes?agent_id=a", AGENT, None, 200),
+    ("DELETE", "/memories?agent_id=a", AGENT, None, 200),  # an agent may forget its own (scope delete)
+    ("GET", "/memories/999999", AGENT, None, 404),
+    ("PATCH", "/memories/999999", AGENT, {"content": "x"}, 404),
     ("DELETE", "/memories/999999", AGENT, None, 404),
+    ("GET", "/tokens", OWNER, None, 200),
+    ("POST", "/tokens", OWNER, {"name": "n", "role": "viewer", "agent_ids": ["a"]}, 400),
+    ("POST", "/tokens/999999/revoke", OWNER, None, 404),
 ]
 UNDER = {
     OWNER: [AGENT, VIEWER, ADMIN],
@@ -150,11 +157,11 @@ def test_it_covers_every_documented_route_in_the_table():
     from plugins_app.api import api
 
     schema = api.get_openapi_schema()
-    prefixes = ("/api/plugins", "/api/context-engine", "/api/memories")
+    prefixes = ("/api/plugins", "/api/context-engine", "/api/memories", "/api/tokens")
     documented = {(m.upper(), p.removeprefix("/api")) for p, ops in schema["paths"].items() for m in ops
                   if p.startswith(prefixes)}
-    table = {(m, p.replace(NOPE, "{name}").replace("0123456789abcdef", "{trace_id}").replace("999999", "{memory_id}")
-              .split("?")[0]) for m, p, _, _, _ in ROUTES}
+    table = {(m, p.replace(NOPE, "{name}").replace("0123456789abcdef", "{trace_id}").replace("memories/999999", "memories/{memory_id}")
+              .replace("tokens/999999", "tokens/{token_id}").split("?")[0]) for m, p, _, _, _ in ROUTES}
     assert documented == table
     for path, ops in schema["paths"].items():
         if path.startswith(prefixes):

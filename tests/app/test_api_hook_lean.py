@@ -149,6 +149,25 @@ async def test_it_answers_a_valid_call_itself_exactly_as_the_route_does(apps, to
     assert canned["calls"] == [("ingest", VALID[H.INGEST])] * 2  # the agent's own dict, once per path
 
 
+async def test_both_paths_convert_another_dialect_alike(apps, tokens, canned):
+    """An OpenAI Chat history: the worker is sent LibreFang's format and the agent gets OpenAI's back, on both paths."""
+    history = [{"role": "developer", "content": "be brief"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "t", "arguments": '{"q": 1}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    plugin_view = [{"role": "system", "content": "be brief"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "t", "input": {"q": 1}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "tool_name": "t",
+                                                 "content": "done", "is_error": False}]}]
+    canned["answer"] = (200, {"type": "assemble_result", "messages": plugin_view[1:], "source": "p"}, {})
+    body = json.dumps({"agent_id": "a", "messages": history}).encode()
+    plain, answered, passed_on = await both(apps, PATH + "assemble", body, token=tokens[Role.AGENT])
+    assert passed_on == 0 and answered == plain
+    assert json.loads(answered["body"]) == {"type": "assemble_result", "messages": history[1:], "source": "p",
+                                            "dialect": "openai"}
+    assert canned["calls"] == [("assemble", {"agent_id": "a", "messages": plugin_view})] * 2
+
+
 async def test_an_unexpected_error_is_the_routes_500_envelope(apps, tokens, canned):
     canned["answer"] = RuntimeError("boom")
     plain, answered, passed_on = await both(apps, PATH + "ingest", json.dumps(VALID[H.INGEST]).encode(),

@@ -25,7 +25,10 @@ import json, sys
 req = json.loads(sys.stdin.read())
 print(json.dumps({"type": "ingest_result", "memories": [{"content": "got " + req["message"]}]}))
 """
-HOOKS = {"recall", "remember", "assemble", "compact"}
+HOOKS = {"recall", "remember", "assemble", "compact", "bootstrap", "prepare_subagent", "merge_subagent",
+         "transform_tool_result", "on_event"}
+MEMORY = {"memory_add", "memory_put", "memory_get", "memory_list", "memory_update", "memory_delete",
+          "memory_delete_scope"}
 READS = {"plugins", "doctor"}
 
 
@@ -46,7 +49,8 @@ def echo_tool(home):
 
 
 @pytest.mark.parametrize(("role", "expected"), [
-    ("agent", HOOKS | {"echo"}), ("owner", HOOKS | READS | {"echo"}), ("admin", HOOKS | READS),
+    ("agent", HOOKS | MEMORY | {"echo"}), ("owner", HOOKS | MEMORY | READS | {"echo"}),
+    ("admin", HOOKS | MEMORY | READS),
     ("viewer", READS)])
 async def test_it_lists_only_the_tools_a_role_may_call(home, echo_tool, role, expected):
     assert {t.name for t in await mcp_tools.available(role)} == expected
@@ -66,19 +70,61 @@ async def test_it_leaves_a_disabled_tool_out_and_changes_the_listing_stamp(home,
     assert "echo" not in {t.name for t in await mcp_tools.available("agent")}
 
 
-async def test_it_answers_remember_with_a_retryable_tool_error_when_redis_is_down(prefix, settings, home):
+@pytest.fixture
+def agent_token(db):
+    from plugins_app.models import ApiToken
+
+    return ApiToken(name="mcp-agent", role="agent")  # unbound: every agent
+
+
+async def call(name: str, args: dict, token):
+    tool = await mcp_tools.find(name)
+    return await tool.run(args, token)
+
+
+async def test_it_answers_remember_with_a_retryable_tool_error_when_redis_is_down(prefix, settings, home,
+                                                                                  agent_token):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     with pytest.raises(mcp_tools.McpToolError) as refused:
-        await mcp_tools.remember({"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
+        await call("remember", {"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]}, agent_token)
     error = refused.value.body["error"]
     assert error["code"] == "bus_unavailable" and error["details"]["http_status"] == 503
     assert error["details"]["retry_after_secs"] > 0
 
 
-async def test_it_refuses_arguments_the_rest_route_would_refuse(home):
+async def test_it_refuses_arguments_the_rest_route_would_refuse(home, agent_token):
     with pytest.raises(mcp_tools.McpToolError) as refused:
-        await mcp_tools.remember({"agent_id": "a"})  # no messages
-    assert refused.value.body["error"]["code"] == "validation_error"
+        await call("remember", {"agent_id": "a"}, agent_token)  # no messages
+    error = refused.value.body["error"]
+    assert error["code"] == "validation_error" and error["details"] == [
+        {"loc": ["messages"], "msg": "Field required", "type": "missing"}]
+
+
+async def test_it_refuses_recall_in_the_tools_own_terms(home, agent_token):
+    # recall takes `query` (ingest's `message`): a missing query is named as such, as a structured detail
+    with pytest.raises(mcp_tools.McpToolError) as refused:
+        await call("recall", {}, agent_token)
+    error = refused.value.body["error"]
+    assert error["code"] == "validation_error"
+    assert {tuple(d["loc"]) for d in error["details"]} == {("agent_id",), ("query",)}
+    assert all(set(d) == {"loc", "msg", "type"} for d in error["details"])
+
+
+async def test_it_gives_every_tool_an_exact_input_and_an_output_schema(home):
+    import jsonschema
+
+    for tool in await mcp_tools.available("owner"):
+        assert tool.input_schema["type"] == "object", tool.name
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object", tool.name
+        jsonschema.validators.validator_for(tool.input_schema).check_schema(tool.input_schema)
+        jsonschema.validators.validator_for(tool.output_schema).check_schema(tool.output_schema)
+    by_name = {t.name: t for t in await mcp_tools.available("owner")}
+    assert set(by_name["recall"].input_schema["required"]) == {"agent_id", "query"}
+    assert by_name["recall"].input_schema["properties"].keys() >= {"agent_id", "query", "peer_id", "session_id"}
+    # the hook tools' schemas are the REST routes' request models, messages in any dialect
+    assemble = by_name["assemble"].input_schema
+    assert {d.get("$ref", "").rsplit("/", 1)[-1] for d in assemble["properties"]["messages"]["items"]["anyOf"]} == {
+        "LibreFangMessage", "OpenAIChatMessage", "OpenAIResponsesItem", "AnthropicMessage"}
 
 
 def test_it_queues_jobs_with_the_mcp_origin_signed(prefix):

@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 
 from plugins_app.models import Memory
-from plugins_app.services.memory import DbMemoryStore, query_terms
+from plugins_app.selectors.memories import query_terms
+from plugins_app.services.memory import DbMemoryStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -175,9 +176,114 @@ def test_it_creates_pages_and_scopes_memories_over_the_api(api, home):
     assert api("GET", "/memories?agent_id=a1").json()["total"] == 7
     assert api("GET", "/memories").status_code == 400  # agent_id is required
     assert api("POST", "/memories", {"agent_id": "a1", "content": ""}).status_code == 400
-    # wiping an agent's memories is for admins; agents may not
-    assert api("DELETE", "/memories?agent_id=a1&peer_id=p1").status_code == 403
-    r = api("DELETE", "/memories?agent_id=a1&peer_id=p1", role="admin")
+    # an agent may forget a scope of its own memories; admins any agent's; viewers read none
+    r = api("DELETE", "/memories?agent_id=a1&peer_id=p1")
     assert r.status_code == 200 and r.json()["deleted"] == 5
     assert api("GET", "/memories?agent_id=a1").json()["total"] == 2
+    assert api("DELETE", "/memories?agent_id=a1&peer_id=p2", role="admin").json()["deleted"] == 1
     assert api("GET", "/memories?agent_id=a1", role="viewer").status_code == 403
+
+
+def test_it_gets_updates_and_puts_memories_by_key(api, home):
+    r = api("POST", "/memories", {"agent_id": "a1", "session_id": "s1", "key": "diet", "content": "vegetarian",
+                                  "tags": ["pref"], "metadata": {"kind": "preference", "confidence": 0.9}})
+    assert r.status_code == 201, r.content
+    made = r.json()
+    assert made["key"] == "diet" and made["session_id"] == "s1" and made["metadata"]["kind"] == "preference"
+    # the same key in the same scope: create refuses, put replaces
+    conflict = api("POST", "/memories", {"agent_id": "a1", "session_id": "s1", "key": "diet", "content": "x"})
+    assert conflict.status_code == 409 and conflict.json()["error"]["details"] == {"id": made["id"]}
+    r = api("PUT", "/memories", {"agent_id": "a1", "session_id": "s1", "key": "diet", "content": "vegan"})
+    assert r.status_code == 200 and r.json()["id"] == made["id"] and r.json()["content"] == "vegan"
+    assert r.json()["metadata"] == {} and r.json()["updated_at"] > made["updated_at"]
+    # another scope: another memory with the same key
+    other = api("PUT", "/memories", {"agent_id": "a1", "session_id": "s2", "key": "diet", "content": "omnivore"})
+    assert other.status_code == 201 and other.json()["id"] != made["id"]
+    # get and patch by id
+    assert api("GET", f"/memories/{made['id']}").json()["content"] == "vegan"
+    r = api("PATCH", f"/memories/{made['id']}", {"metadata": {"kind": "diet"}, "tags": ["food"]})
+    assert r.status_code == 200 and r.json()["metadata"] == {"kind": "diet"} and r.json()["tags"] == ["food"]
+    assert r.json()["content"] == "vegan"  # untouched
+    assert api("PATCH", f"/memories/{made['id']}", {"content": None}).status_code == 400
+    assert api("PATCH", f"/memories/{made['id']}", {"colour": "red"}).status_code == 400  # unknown field
+    assert api("POST", "/memories", {"agent_id": "a1", "content": "x", "metdata": {}}).status_code == 400
+    assert api("GET", "/memories/999999").status_code == 404
+
+
+def test_it_filters_by_session_key_tags_and_metadata(api, home):
+    def add(content, **fields):
+        assert api("POST", "/memories", {"agent_id": "a1", "content": content, **fields}).status_code == 201
+
+    add("likes tea", peer_id="u1", session_id="s1", tags=["drink", "pref"], metadata={"kind": "pref", "n": 1})
+    add("likes jazz", peer_id="u1", session_id="s2", tags=["music", "pref"], metadata={"kind": "pref", "n": 2})
+    add("shared fact", metadata={"kind": "fact", "ok": True})
+
+    def contents(query):
+        r = api("GET", "/memories?agent_id=a1&" + query)
+        assert r.status_code == 200, r.content
+        return sorted(m["content"] for m in r.json()["items"])
+
+    assert contents("session_id=s1") == ["likes tea", "shared fact"]  # the session's and the session-less
+    assert contents("session_id=s1&include_shared=false") == ["likes tea"]
+    assert contents("peer_id=u1&include_shared=false") == ["likes jazz", "likes tea"]
+    assert contents("tags=pref&tags=music") == ["likes jazz"]
+    assert contents('metadata={"kind":"pref"}') == ["likes jazz", "likes tea"]
+    assert contents('metadata={"n":2}') == ["likes jazz"]
+    assert contents('metadata={"ok":true}') == ["shared fact"]
+    assert contents("q=tea+jazz&session_id=s2&include_shared=false") == ["likes jazz"]
+    assert api("GET", "/memories?agent_id=a1&metadata=[1]").status_code == 400
+    assert api("GET", "/memories?agent_id=a1&tag=pref").status_code == 400  # a misspelt filter is no silent no-op
+    scopes = api("GET", "/memories/scopes?agent_id=a1").json()["scopes"]
+    assert scopes == [{"peer_id": None, "session_id": None, "count": 1},
+                      {"peer_id": "u1", "session_id": "s1", "count": 1},
+                      {"peer_id": "u1", "session_id": "s2", "count": 1}]
+
+
+def test_it_pages_with_cursors_and_refuses_offsets_out_of_range(api, home):
+    for i in range(5):
+        api("POST", "/memories", {"agent_id": "a1", "content": f"fact {i}"})
+    seen, cursor = [], None
+    while True:
+        r = api("GET", "/memories?agent_id=a1&limit=2" + (f"&cursor={cursor}" if cursor else "")).json()
+        seen += [m["content"] for m in r["items"]]
+        cursor = r["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"fact {i}" for i in (4, 3, 2, 1, 0)]
+    oldest = api("GET", "/memories?agent_id=a1&limit=3&order=oldest").json()
+    assert [m["content"] for m in oldest["items"]] == ["fact 0", "fact 1", "fact 2"]
+    rest = api("GET", f"/memories?agent_id=a1&order=oldest&cursor={oldest['next_cursor']}").json()
+    assert [m["content"] for m in rest["items"]] == ["fact 3", "fact 4"] and rest["next_cursor"] is None
+    assert api("GET", f"/memories?agent_id=a1&cursor={oldest['next_cursor']}").status_code == 400  # other order
+    assert api("GET", "/memories?agent_id=a1&cursor=bogus").json()["error"]["code"] == "invalid_cursor"
+    for query in (f"offset={2**63}", f"offset={10**7}", "limit=0"):
+        r = api("GET", f"/memories?agent_id=a1&{query}")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "validation_error", query
+    assert api("GET", f"/memories/{2**63}").status_code == 400
+
+
+def test_it_forgets_expired_memories(api, home):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    soon = (timezone.now() + timedelta(hours=1)).isoformat()
+    made = api("POST", "/memories", {"agent_id": "a1", "content": "temporary code 77", "expires_at": soon}).json()
+    assert made["expires_at"] is not None
+    past = (timezone.now() - timedelta(seconds=1)).isoformat()
+    assert api("POST", "/memories", {"agent_id": "a1", "content": "x", "expires_at": past}).status_code == 400
+    Memory.objects.filter(id=made["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert api("GET", "/memories?agent_id=a1").json()["total"] == 0
+    assert api("GET", "/memories?agent_id=a1&q=temporary").json()["total"] == 0
+    assert api("GET", f"/memories/{made['id']}").status_code == 404
+    assert DbMemoryStore().recall("a1", None, "temporary code", 5) == []
+
+
+def test_it_recalls_with_ids_keys_and_times_within_a_session(store):
+    store.remember("a1", "u1", "the deploy window is friday", session_id="s1", metadata={"src": "chat"})
+    store.remember("a1", "u1", "the deploy freeze starts monday", session_id="s2")
+    rows = store.recall("a1", "u1", "deploy", 5, session_id="s1")
+    assert [r["content"] for r in rows] == ["the deploy window is friday"]
+    assert {"id", "key", "score", "created_at", "updated_at", "metadata"} <= rows[0].keys()
+    assert rows[0]["metadata"] == {"src": "chat"}
+    assert len(store.recall("a1", "u1", "deploy", 5)) == 2  # no session: every session's

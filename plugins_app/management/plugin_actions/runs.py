@@ -23,7 +23,7 @@ def test_hook(cmd: Cli, name, hook, input=None, timeout=None, **_) -> None:  # n
     installed(name)
     request = read_input(input) if input else example_request(hook)
     try:
-        hook_requests.check(hook, request)
+        request = hook_requests.accept(hook, request).request  # in LibreFang's format, as over the API
     except ValidationError as exc:
         raise CommandError(f"invalid {hook} request: {exc}", returncode=2) from exc
 
