@@ -33,6 +33,9 @@ class HealthOut(Schema):
     queue: QueueOut | None
     last_read_age_secs: float | None  # since any worker last read the stream
     supervisor: dict[str, Any] | None  # `librefang start`'s children, when it runs
+    # plugins whose recent agent calls of a hook fail (plugins_app/selectors/outcomes.py): {plugin: {hook: …}};
+    # agents get the default engine for those calls (reported here, not counted in `status`)
+    failing: dict[str, dict[str, dict[str, Any]]] | None = None
 
 
 @router.get("/health", auth=None, response={200: HealthOut, 503: HealthOut})
@@ -52,6 +55,8 @@ async def health(request):
     supervisor = await sync_to_async(H.supervisor, thread_sensitive=False)()
     status, problems = H.assess(redis_ok=redis_ok, db_ok=db_ok, workers=workers, queue=queue or {},
                                 read_age=read_age, supervisor_doc=supervisor)
+    failing = await sync_to_async(H.failing_plugins, thread_sensitive=False)() if db_ok else None
     body = {"status": status, "problems": problems, "web": True, "redis": redis_ok, "database": db_ok,
-            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor}
+            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor,
+            "failing": failing}
     return json_response(body, 200 if status == "ok" else 503)

@@ -41,6 +41,17 @@ def supervisor() -> dict | None:
         return None
 
 
+def failing_plugins() -> dict | None:
+    """Plugins failing a hook (plugins_app/selectors/outcomes.py), None when the database cannot say."""
+    from plugins_app.selectors import outcomes
+
+    try:
+        return outcomes.failing()
+    except Exception:
+        log.warning("could not read recent outcomes", exc_info=True)
+        return None
+
+
 def last_read_age(workers: list[dict], now: float | None = None) -> float | None:
     """Seconds since any live worker last read the stream (None: none has read yet)."""
     reads = [float(w["last_read_at"]) for w in workers if w.get("last_read_at")]

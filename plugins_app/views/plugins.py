@@ -54,7 +54,7 @@ def plugin_list(request):
 def _sort_columns(request, sort: str, desc: bool) -> list[dict]:
     """Table headers: a link that sorts by the column (again: reverses it), keeping the filters."""
     labels = [("name", "Plugin", False), ("runtime", "Runtime", False), ("state", "State", False),
-              (None, "Hooks", False), ("calls", "Calls (1 h)", True), ("errors", "Errors", True),
+              (None, "Hooks", False), ("calls", "Calls (1 h)", True), ("errors", "Errors per hook", True),
               ("p95", "p95", True)]
     out = []
     for key, label, numeric in labels:
