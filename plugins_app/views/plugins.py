@@ -92,7 +92,7 @@ def plugin_detail(request, name: str):
         "hook_names": declared, "example": _pretty(example_request(declared[0])) if declared else "",
         "findings": dashboard.plugin_findings(name), "manifest_facts": facts, "raw_manifest": dashboard.raw_manifest(plugin.path),
         "traces": dashboard.recent_traces(name), "audit": dashboard.audit(15, target=name),
-        "stderr_backlog": events.tail(name)[-200:],
+        "stderr_backlog": events.recent_lines(name),
         "snippets": dashboard.curl_snippets(request.build_absolute_uri("/").rstrip("/"), name, declared),
         "bundle": bundles.active_version(name),
     })
