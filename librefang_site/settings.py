@@ -72,6 +72,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "plugins_app.middleware.ContentSecurityPolicy",
+    "plugins_app.middleware.DatabaseDownPage",
     "axes.middleware.AxesMiddleware",  # last, as django-axes requires: turns a refused login into the lockout page
 ]
 
@@ -107,6 +109,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "plugins_app.context_processors.sandbox_state",
+                "plugins_app.context_processors.service_state",
             ],
         },
     },

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -143,7 +144,7 @@ class Supervisor:
         proc = slot.proc
         self._reported.add(proc.pid)
         code, signame, words = describe_exit(proc.returncode)
-        slot.last_exit = {"code": code, "signal": signame}
+        slot.last_exit = {"code": code, "signal": signame, "pid": proc.pid}  # reaped: the dashboard shows it dead
         slot.last_exit_at = time.time()
         _kill_group(proc.pid)  # hooks or helpers the dead child left in its process group
         stable = now - slot.started_mono >= STABLE_AFTER_SECS
@@ -212,7 +213,7 @@ class Supervisor:
     # ---- status file ----
 
     def status(self) -> dict:
-        return {"pid": os.getpid(), "started_at": self.started_at, "updated_at": time.time(),
+        return {"pid": os.getpid(), "host": socket.gethostname(), "started_at": self.started_at, "updated_at": time.time(),
                 "stopping": self.stop_signal is not None, "children": [s.as_dict() for s in self.slots]}
 
     def _write_status(self) -> None:

@@ -29,13 +29,31 @@ class BatchWriter(Generic[T]):
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._dropped = 0
+        # Items queued and items handled (written or failed) since start: the queue is FIFO, so once `handled`
+        # reaches what `queued` was at some moment, every item queued before that moment has been handled.
+        self._queued = 0
+        self._handled = 0
+        self._progress = threading.Condition(threading.Lock())
 
     def put(self, item: T) -> None:
         self._ensure_thread()
-        try:
-            self._q.put_nowait(item)
-        except queue.Full:
-            self.count_dropped(1)
+        with self._lock:  # the count and the queue's order agree (see mark)
+            try:
+                self._q.put_nowait(item)
+            except queue.Full:
+                self._dropped += 1
+                return
+            self._queued += 1
+
+    def mark(self) -> int:
+        """A position in the queue: what the calling thread queued so far lies at or before it."""
+        with self._lock:
+            return self._queued
+
+    def wait_handled(self, mark: int, timeout: float) -> bool:
+        """Wait until every item up to `mark` has been written (or its write failed); False after `timeout`."""
+        with self._progress:
+            return self._progress.wait_for(lambda: self._handled >= mark, timeout)
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything queued so far is written (tests, shutdown)."""
@@ -83,6 +101,9 @@ class BatchWriter(Generic[T]):
             finally:
                 for _ in batch:
                     self._q.task_done()
+                with self._progress:
+                    self._handled += len(batch)
+                    self._progress.notify_all()
 
 
 def take_lingering(q: queue.Queue, batch: list, batch_max: int, linger_secs: float) -> None:

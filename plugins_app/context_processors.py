@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.process import sandbox
+from plugins_app.selectors import health
 
 
 def sandbox_state(request) -> dict:
@@ -11,3 +12,11 @@ def sandbox_state(request) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         return {}
     return {"sandbox_degraded": sandbox.degraded_reasons()}
+
+
+def service_state(request) -> dict:
+    """What is down (Redis, the database) and what agents get meanwhile: a banner on every page
+    (plugins_app/selectors/health.py outages)."""
+    if request.path.startswith("/api/"):
+        return {}
+    return {"outages": health.outages()}

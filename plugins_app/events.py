@@ -80,6 +80,16 @@ def tail(plugin: str | None, after_seq: int = 0, limit: int = TAIL_LEN) -> list[
     return _newer(bus.client().lrange(_tail_key(plugin or ALL), -limit, -1), after_seq)
 
 
+def recent_lines(plugin: str | None, limit: int = 200) -> list[dict]:
+    """The newest lines of a plugin's stored tail (all plugins' for None) for a page's first render; none while
+    Redis is unreachable (the page still renders, and its websocket fills the panel once Redis is back)."""
+    try:
+        return tail(plugin)[-limit:]
+    except bus.REDIS_DOWN as exc:
+        log.warning("stderr tail unavailable: Redis unreachable (%s)", exc)
+        return []
+
+
 async def atail(plugin: str | None, after_seq: int = 0, epoch: str | None = None) -> tuple[list[dict], int]:
     """The lines still kept with seq > after_seq (or of another epoch than `epoch`), and the seq of the newest line
     the tail no longer keeps when that is > after_seq (else 0): a viewer resuming after `after_seq` missed this

@@ -12,6 +12,7 @@ from pydantic import ConfigDict
 from plugins_app import bus
 from plugins_app.api.errors import json_response
 from plugins_app.selectors import health as H
+from plugins_app.selectors.workers import split_dead
 
 router = Router(tags=["health"])
 
@@ -33,6 +34,10 @@ class HealthOut(Schema):
     queue: QueueOut | None
     last_read_age_secs: float | None  # since any worker last read the stream
     supervisor: dict[str, Any] | None  # `librefang start`'s children, when it runs
+    # plugins whose recent agent calls of a hook fail (plugins_app/selectors/outcomes.py): {plugin: {hook: …}};
+    # agents get the default engine for those calls (reported here, not counted in `status`)
+    failing: dict[str, dict[str, dict[str, Any]]] | None = None
+    dead_workers: list[dict[str, Any]] = []  # heartbeats of workers the supervisor has reaped (not yet expired)
 
 
 @router.get("/health", auth=None, response={200: HealthOut, 503: HealthOut})
@@ -48,10 +53,13 @@ async def health(request):
             queue = await bus.queue_stats()
         except Exception:  # Redis went away between the ping and now
             redis_ok = False
-    read_age = H.last_read_age(workers)
     supervisor = await sync_to_async(H.supervisor, thread_sensitive=False)()
+    workers, dead = split_dead(workers, supervisor)  # a worker its supervisor reaped is dead at once
+    read_age = H.last_read_age(workers)
     status, problems = H.assess(redis_ok=redis_ok, db_ok=db_ok, workers=workers, queue=queue or {},
                                 read_age=read_age, supervisor_doc=supervisor)
+    failing = await sync_to_async(H.failing_plugins, thread_sensitive=False)() if db_ok else None
     body = {"status": status, "problems": problems, "web": True, "redis": redis_ok, "database": db_ok,
-            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor}
+            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor,
+            "failing": failing, "dead_workers": dead}
     return json_response(body, 200 if status == "ok" else 503)

@@ -7,6 +7,7 @@ from engine import hooks as H
 from engine.plugins.lint import hooks_valid
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import config_cache, home
+from plugins_app.selectors import outcomes
 
 
 def engine_config() -> dict:
@@ -33,6 +34,7 @@ def chain() -> dict:
     """LibreFang's GET /context-engine/chain shape, plus per-layer validity."""
     cfg = config_cache().get()
     catalog = plugin_catalog()
+    bad = outcomes.failing()
     out = []
     for name in cfg.context_engine.chain:
         if not catalog.exists(name):
@@ -52,6 +54,8 @@ def chain() -> dict:
             "cannot_run": entry.cannot_run,
             # serving = enabled AND able to run: a deno plugin without deno is enabled but serves nothing
             "serving": entry.enabled and m is not None and not entry.cannot_run,
+            # hooks whose recent agent calls fail (plugins_app/selectors/outcomes.py)
+            "failing": bad.get(name, {}),
         })
     mode = cfg.context_engine.mode
     return {"mode": mode, "chain": out, "chain_length": len(out), "fallback": "default engine (built-in memory recall)"}

@@ -15,6 +15,7 @@ from plugins_app.home import home
 from plugins_app.models import ApiToken, AuditEntry, HookMetric, HookMetricBucket
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import metrics as metric_selectors
+from plugins_app.selectors import outcomes
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors.doctor import lint
 from plugins_app.selectors.traces import list_traces
@@ -61,7 +62,8 @@ SORT_KEYS = {
     "runtime": lambda r: (r["plugin"].runtime or "~", r["plugin"].name.lower()),
     "state": lambda r: (r["plugin"].state, r["plugin"].name.lower()),
     "calls": lambda r: ((r["hour"] or {}).get("calls") or 0, r["plugin"].name.lower()),
-    "errors": lambda r: ((r["hour"] or {}).get("error_rate") or 0, (r["hour"] or {}).get("failures") or 0),
+    "errors": lambda r: (max((h["error_rate"] for h in (r["hour"] or {}).get("hooks") or []), default=0),
+                         (r["hour"] or {}).get("failures") or 0),
     "p95": lambda r: ((r["hour"] or {}).get("p95_ms") or 0, r["plugin"].name.lower()),
 }
 
@@ -80,7 +82,7 @@ def plugin_rows(lang: str | None = None, *, enabled: str = "", errors: bool = Fa
             continue
         if runtime and p.runtime != runtime:
             continue
-        if errors and not (not p.valid or not p.hooks_valid or p.cannot_run
+        if errors and not (not p.valid or not p.hooks_valid or p.cannot_run or p.failing
                            or (row["hour"] and row["hour"]["failures"])):
             continue
         haystack = " ".join((p.name, p.display_name, p.description, p.author)).lower()
@@ -197,7 +199,7 @@ def plugin_findings(name: str) -> list[dict]:
         report = lint(name)
     except KeyError:
         return []
-    return [*report["errors"], *report["warnings"]]
+    return [*outcomes.findings(name), *report["errors"], *report["warnings"]]
 
 
 # ---- context engine page ----
@@ -240,6 +242,7 @@ def engine_state() -> dict:
     chain = config_selectors.chain()["chain"]
     return {"config": config_selectors.engine_config(), "chain": chain,
             "serving": [layer["plugin"] for layer in chain if layer["serving"]],
+            "failing": [f"{layer['plugin']} ({', '.join(layer['failing'])})" for layer in chain if layer.get("failing")],
             "installed": plugin_selectors.installed_names()}
 
 

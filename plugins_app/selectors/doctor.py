@@ -6,6 +6,7 @@ from engine.plugins.doctor import probe_all
 from engine.plugins.lint import hooks_valid, lint_plugin
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import home
+from plugins_app.selectors import outcomes
 from plugins_app.selectors.tools import policy as wasm_policy
 
 
@@ -15,6 +16,7 @@ def doctor(fresh: bool = False) -> dict:
     catalog = plugin_catalog()
     names = catalog.names()
     installed = set(names)
+    bad = outcomes.failing()
     plugins = []
     for name in names:
         entry = catalog.get(name)
@@ -31,6 +33,7 @@ def doctor(fresh: bool = False) -> dict:
             available = bool(status and status.available)
             hint = status.install_hint if status else ""
         report = lint_plugin(entry.dir, installed, wasm_policy())
+        failing = outcomes.findings(name, bad)
         plugins.append({
             "name": name,
             "runtime": label,
@@ -38,8 +41,9 @@ def doctor(fresh: bool = False) -> dict:
             "install_hint": None if available else hint,
             "hooks_valid": bool(m) and hooks_valid(entry.dir, m.hooks.declared_hooks()),
             "enabled": entry.enabled,
-            "ok": report.ok and available,
-            "findings": [f.to_dict() for f in report.findings],
+            "ok": report.ok and available and not failing,
+            "failing": bad.get(name, {}),
+            "findings": [*failing, *(f.to_dict() for f in report.findings)],
         })
     return {"runtimes": [r.to_dict() for r in runtimes], "plugins": plugins,
             "ok": all(p["ok"] for p in plugins)}

@@ -41,6 +41,53 @@ def supervisor() -> dict | None:
         return None
 
 
+OUTAGE_CHECK_SECS = 2.0
+_outage_cache: tuple[float, list[dict]] = (0.0, [])
+
+
+def outages() -> list[dict]:
+    """What is down, as the web process sees it, and what agents get meanwhile: the banner on every dashboard page.
+    Checked at most every OUTAGE_CHECK_SECS per process (a page render must not wait on a dead Redis each time)."""
+    global _outage_cache
+    at, found = _outage_cache
+    if time.monotonic() - at < OUTAGE_CHECK_SECS:
+        return found
+    found = []
+    if not redis_ok():
+        found.append({"what": "redis", "title": "Redis is unreachable",
+                      "agents": "Agents get the built-in default engine for blocking hooks (fallback_reason "
+                                "bus_unavailable) and after_turn / on_event calls are refused with 503 and "
+                                "Retry-After, so agents send them again; no plugin runs until Redis is back.",
+                      "dashboard": "Live updates, stderr, workers and the queue are not shown meanwhile."})
+    if not database_ok():
+        found.append({"what": "database", "title": "The database is unreachable",
+                      "agents": "Traces, metrics and job outcomes cannot be stored; workers keep jobs pending and "
+                                "run them again once it is back.",
+                      "dashboard": "Figures on this page may be missing or old."})
+    _outage_cache = (time.monotonic(), found)
+    return found
+
+
+def redis_ok() -> bool:
+    from plugins_app import bus
+
+    try:
+        return bool(bus.client().ping())
+    except Exception:
+        return False
+
+
+def failing_plugins() -> dict | None:
+    """Plugins failing a hook (plugins_app/selectors/outcomes.py), None when the database cannot say."""
+    from plugins_app.selectors import outcomes
+
+    try:
+        return outcomes.failing()
+    except Exception:
+        log.warning("could not read recent outcomes", exc_info=True)
+        return None
+
+
 def last_read_age(workers: list[dict], now: float | None = None) -> float | None:
     """Seconds since any live worker last read the stream (None: none has read yet)."""
     reads = [float(w["last_read_at"]) for w in workers if w.get("last_read_at")]

@@ -64,17 +64,29 @@ def last_hour(plugin: str | None = None) -> dict[str, dict]:
         qs = qs.filter(plugin=plugin)
     agg: dict[str, dict] = {}
     for b in qs:
-        a = agg.setdefault(b.plugin, {"calls": 0, "failures": 0, "console_calls": 0, "histogram": {}})
+        a = agg.setdefault(b.plugin, {"calls": 0, "failures": 0, "console_calls": 0, "histogram": {}, "hooks": {}})
         a["calls"] += b.calls
         a["failures"] += b.failures
         a["console_calls"] += b.console_calls
         quantiles.merge(a["histogram"], b.histogram)
+        h = a["hooks"].setdefault(b.hook, {"calls": 0, "failures": 0})
+        h["calls"] += b.calls
+        h["failures"] += b.failures
     return {
         p: {"calls": a["calls"], "failures": a["failures"],
             "error_rate": round(a["failures"] / a["calls"], 4) if a["calls"] else 0.0,
-            "p95_ms": percentile(a["histogram"], 0.95), "test_console_calls": a["console_calls"]}
+            "p95_ms": percentile(a["histogram"], 0.95), "test_console_calls": a["console_calls"],
+            # error rates are per hook: a hook failing every call is not half-failing beside a healthy one
+            "hooks": _hook_rates(a["hooks"])}
         for p, a in agg.items()
     }
+
+
+def _hook_rates(hooks: dict[str, dict]) -> list[dict]:
+    """[{hook, calls, failures, error_rate}], the hooks with agent calls, worst error rate first."""
+    rows = [{"hook": hook, **h, "error_rate": round(h["failures"] / h["calls"], 4)}
+            for hook, h in hooks.items() if h["calls"]]
+    return sorted(rows, key=lambda r: (-r["error_rate"], r["hook"]))
 
 
 def step_minutes(start: dt.datetime, end: dt.datetime, max_points: int = MAX_POINTS) -> int:

@@ -11,6 +11,7 @@ from engine.plugins.manifest import HookSettings
 from engine.process.runner import resolve_script
 from plugins_app.errors import PluginError
 from plugins_app.home import catalog, config_cache
+from plugins_app.selectors import outcomes
 
 
 @dataclass
@@ -31,6 +32,8 @@ class PluginSummary:
     cannot_run: str | None = None
     # configured in the active plugin/plugin_stack (engine/config.py); serving = in it, enabled and able to run
     in_chain: bool = False
+    # hooks whose recent agent calls fail (plugins_app/selectors/outcomes.py): {hook: {calls, failures, …}}
+    failing: dict[str, dict] = field(default_factory=dict)
 
     @property
     def serving(self) -> bool:
@@ -49,7 +52,8 @@ class PluginSummary:
         return dict(self.__dict__)
 
 
-def summarize(entry: CatalogEntry, lang: str | None = None, chain: list[str] | None = None) -> PluginSummary:
+def summarize(entry: CatalogEntry, lang: str | None = None, chain: list[str] | None = None,
+              failing: dict[str, dict[str, dict]] | None = None) -> PluginSummary:
     plugin = entry.plugin
     manifest = plugin.manifest if plugin else None
     hooks = {h: (manifest.hooks.script_for(h) if manifest else None) for h in ALL_HOOKS}
@@ -75,6 +79,7 @@ def summarize(entry: CatalogEntry, lang: str | None = None, chain: list[str] | N
         findings=findings,
         cannot_run=entry.cannot_run,
         in_chain=entry.name in (chain if chain is not None else _configured_chain()),
+        failing=(failing if failing is not None else outcomes.failing(entry.name)).get(entry.name, {}),
     )
 
 
@@ -85,7 +90,8 @@ def _configured_chain() -> list[str]:
 def list_plugins(lang: str | None = None) -> list[PluginSummary]:
     installed = catalog()
     chain = _configured_chain()
-    return [summarize(installed.get(name), lang, chain) for name in installed.names()]
+    bad = outcomes.failing()
+    return [summarize(installed.get(name), lang, chain, bad) for name in installed.names()]
 
 
 def get_plugin(name: str, lang: str | None = None) -> PluginSummary | None:

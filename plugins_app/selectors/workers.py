@@ -10,8 +10,9 @@ from django.db.models import Count, Sum
 
 from plugins_app.models import HookMetricBucket, JobRecord
 
-# A worker beats every 2 s (plugins_app/management/commands/worker.py); older than this is "late".
-LATE_AFTER_SECS = 6.0
+# A worker beats every 2 s (plugins_app/management/commands/worker.py); older than this is "late" (a beat missed:
+# the worker may be dead; its heartbeat expires 6 s after its last beat).
+LATE_AFTER_SECS = 3.0
 
 
 def _beat_at(w: dict) -> float | None:
@@ -19,6 +20,23 @@ def _beat_at(w: dict) -> float | None:
         if isinstance(w.get(key), int | float):
             return float(w[key])
     return None
+
+
+def split_dead(heartbeats: Iterable[dict], supervisor_doc: dict | None) -> tuple[list[dict], list[dict]]:
+    """(live, dead) heartbeats. A heartbeat outlives its worker by up to its TTL (6 s); a worker the `librefang
+    start` supervisor of its host has reaped (supervisor.json, rewritten within 0.1 s of the exit) is dead at once,
+    with the exit it saw as `died`."""
+    host = (supervisor_doc or {}).get("host")
+    reaped = {}
+    for child in (supervisor_doc or {}).get("children") or []:
+        last = child.get("last_exit") or {}
+        if last.get("pid") and last.get("pid") != child.get("pid"):
+            reaped[last["pid"]] = {**last, "at": child.get("last_exit_at"), "slot": child.get("slot")}
+    live, dead = [], []
+    for w in heartbeats:
+        exit_ = reaped.get(w.get("pid")) if host and w.get("host") == host else None
+        (dead if exit_ else live).append({**w, "died": exit_} if exit_ else w)
+    return live, dead
 
 
 def workers_by_host(heartbeats: Iterable[dict], now: float | None = None) -> list[dict]:

@@ -26,6 +26,7 @@ from plugins_app.models import JobRecord
 from plugins_app.services import audit
 from plugins_app.services.connections import refresh_connections
 from plugins_app.services.engine import engine_for_job
+from plugins_app.services.recording import DbInvocationSink
 
 log = logging.getLogger("librefang.worker")
 
@@ -170,14 +171,16 @@ class OutcomeWriter:
     # redelivered and find no JobRecord, as for a crash before their outcome.
     LINGER_SECS = 0.05
 
-    def __init__(self, stream: JobStream):
+    def __init__(self, stream: JobStream, traces: DbInvocationSink | None = None):
         self.stream = stream
-        self._q: queue.Queue[tuple[JobRecord, Job] | None] = queue.Queue(maxsize=self.QUEUE_MAX)
+        self.traces = traces  # see _traced
+        self._q: queue.Queue[tuple[JobRecord, Job, int] | None] = queue.Queue(maxsize=self.QUEUE_MAX)
         self._thread = threading.Thread(target=self._run, name="job-outcomes", daemon=True)
         self._thread.start()
 
     def put(self, record: JobRecord, job: Job) -> None:
-        self._q.put((record, job))
+        # the job's invocations were queued to the trace writer before its outcome: they lie before this mark
+        self._q.put((record, job, self.traces.mark() if self.traces is not None else 0))
 
     def close(self, timeout: float = 30.0) -> None:
         """Store and ack everything queued so far, then stop."""
@@ -196,20 +199,42 @@ class OutcomeWriter:
             if stopping:
                 return
 
-    def _write(self, batch: list[tuple[JobRecord, Job]]) -> None:
+    def _write(self, batch: list[tuple[JobRecord, Job, int]]) -> None:
+        batch = self._traced(batch)
+        if not batch:
+            return
         for attempt in range(5):
             try:
                 refresh_connections()
-                JobRecord.objects.bulk_create([r for r, _ in batch], ignore_conflicts=True)
+                JobRecord.objects.bulk_create([r for r, _, _ in batch], ignore_conflicts=True)
                 break
             except Exception:
                 if attempt == 4:  # not stored: not acked either; the jobs are redelivered and run again
                     log.exception("outcomes of %d job(s) not stored; they stay pending", len(batch))
-                    for _, job in batch:
+                    for _, job, _ in batch:
                         self.stream.release(job)
                     return
                 time.sleep(0.05 * (attempt + 1))
-        self.stream.ack_many([job for _, job in batch])
+        self.stream.ack_many([job for _, job, _ in batch])
+
+    TRACES_WAIT_SECS = 60.0
+
+    def _traced(self, batch: list[tuple[JobRecord, Job, int]]) -> list[tuple[JobRecord, Job, int]]:
+        """The jobs of `batch` whose traces are stored, once they are. A job acked before its traces were written
+        lost them for good if the worker died in between (an acked job is never delivered again): its outcome
+        waits for the trace writer, and a job whose traces could not be stored is left pending, to run again."""
+        if self.traces is None or not batch:
+            return batch
+        if not self.traces.wait_handled(max(mark for _, _, mark in batch), self.TRACES_WAIT_SECS):
+            log.warning("traces of %d finished job(s) not written within %gs; they stay pending", len(batch),
+                        self.TRACES_WAIT_SECS)
+            unwritten = {job.id for _, job, _ in batch}
+        else:
+            unwritten = self.traces.take_unwritten([job.id for _, job, _ in batch])
+        for _, job, _ in batch:
+            if job.id in unwritten:
+                self.stream.release(job)
+        return [item for item in batch if item[1].id not in unwritten]
 
 
 @contextlib.contextmanager

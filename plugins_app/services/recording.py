@@ -167,15 +167,27 @@ class DbInvocationSink(BatchWriter[Invocation]):
     # otherwise spends more CPU recording a call than running it).
     linger_secs = BATCH_LINGER_SECS
 
+    UNWRITTEN_KEPT = 10_000
+
     def __init__(self) -> None:
         super().__init__()
         self._written = 0
+        self._unwritten: dict[str, None] = {}  # job ids whose traces could not be stored (oldest first)
 
     def record(self, invocation: Invocation) -> None:
         self.put(invocation)
 
     def flush(self, timeout: float = 10.0) -> None:
         super().flush(timeout)
+
+    def take_unwritten(self, job_ids: list[str]) -> set[str]:
+        """Of these jobs, those whose traces were not stored (forgotten once asked): the worker's outcome writer
+        leaves them unacknowledged, so they run again (plugins_app/services/jobs.py OutcomeWriter)."""
+        with self._lock:
+            found = {job for job in job_ids if job in self._unwritten}
+            for job in found:
+                del self._unwritten[job]
+        return found
 
     def write(self, batch: list[Invocation]) -> None:
         refresh_connections()
@@ -188,6 +200,10 @@ class DbInvocationSink(BatchWriter[Invocation]):
                 break
             except Exception:
                 if attempt == 4:
+                    with self._lock:
+                        self._unwritten.update(dict.fromkeys(i.job_id for i in batch if i.job_id))
+                        while len(self._unwritten) > self.UNWRITTEN_KEPT:
+                            self._unwritten.pop(next(iter(self._unwritten)))
                     raise
                 time.sleep(0.1 * (attempt + 1))
         before = self._written

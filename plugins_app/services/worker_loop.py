@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from plugins_app.bus import REDIS_DOWN, Job, JobStream
 from plugins_app.services import jobs
+from plugins_app.services.engine import invocation_sink
 
 log = logging.getLogger("librefang.worker")
 RECLAIM_EVERY_SECS = 5.0
@@ -51,7 +52,7 @@ class WorkerLoop:
         self.stream = stream
         self.concurrency = concurrency
         # Outcomes (JobRecord + ack) leave the job's thread once its reply is out (services/jobs.py OutcomeWriter).
-        self.outcomes = jobs.OutcomeWriter(stream) if process is None else None
+        self.outcomes = jobs.OutcomeWriter(stream, traces=invocation_sink()) if process is None else None
         self.process = process or functools.partial(jobs.process, outcomes=self.outcomes)
         self.stop = threading.Event()
         self.stats = {"processed": 0, "inflight": 0, "started_at": time.time(), "last_read_at": None}

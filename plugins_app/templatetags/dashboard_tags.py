@@ -79,7 +79,7 @@ def ago(value) -> str:
 
     now = dt.datetime.now(dt.UTC)
     secs = (now - when).total_seconds()
-    if abs(secs) < 10:
+    if abs(secs) < 2:
         words = "just now"
     elif 0 < secs < 60:
         words = f"{int(secs)} seconds ago"  # timesince would say "0 minutes"

@@ -4,13 +4,15 @@ health and a global live stderr tail."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
+from django.db import DatabaseError
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
 from engine.hooks import ALL_HOOKS
 from plugins_app import bus, events
 from plugins_app.forms import EngineConfigForm
-from plugins_app.selectors import dashboard
+from plugins_app.selectors import dashboard, health, outcomes
+from plugins_app.selectors import workers as worker_selectors
 from plugins_app.selectors.health import database_ok
 from plugins_app.services import plugins as plugin_service
 from plugins_app.views.plugins import actor, role_required
@@ -24,7 +26,7 @@ def _context(form=None, outcome=None):
         form = EngineConfigForm(initial={"mode": mode, "plugin": cfg["plugin"] or "",
                                          "stack": ", ".join(cfg["plugin_stack"])})
     return {"engine": state, "form": form, "outcome": outcome, "engine_hooks": dashboard.engine_hook_totals(),
-            "stderr_backlog": events.tail(None)[-200:], "all_hooks": ALL_HOOKS}
+            "stderr_backlog": events.recent_lines(None), "all_hooks": ALL_HOOKS}
 
 
 @login_required
@@ -65,9 +67,18 @@ async def engine_health(request):
     redis_ok = await bus.ping()
     db_ok = await sync_to_async(database_ok)()
     workers = await bus.live_workers() if redis_ok else []
+    workers, dead = worker_selectors.split_dead(workers, await sync_to_async(health.supervisor)())
     queue = await bus.queue_stats() if redis_ok else {}
+    failing = await sync_to_async(_failing_or_none)() if db_ok else None
     return await sync_to_async(render)(request, "plugins_app/partials/engine_health.html", {
-        "redis_ok": redis_ok, "db_ok": db_ok, "workers": workers, "queue": queue,
-        "healthy": redis_ok and db_ok and bool(workers), "dropped": await sync_to_async(events.dropped_count)()
-        if redis_ok else None,
+        "redis_ok": redis_ok, "db_ok": db_ok, "workers": workers, "dead": dead, "queue": queue, "failing": failing,
+        "healthy": redis_ok and db_ok and bool(workers) and not failing,
+        "dropped": await sync_to_async(events.dropped_count)() if redis_ok else None,
     })
+
+
+def _failing_or_none() -> dict | None:
+    try:
+        return outcomes.failing()
+    except DatabaseError:  # went away since the check
+        return None

@@ -124,9 +124,10 @@ async def _workers_context() -> dict:
         supervisor = None
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     calls_5m = await sync_to_async(worker_selectors.calls_since)(since)
+    live, dead = worker_selectors.split_dead(heartbeats, supervisor)
     return {
-        "redis_ok": redis_ok, "hosts": worker_selectors.workers_by_host(heartbeats, time.time()),
-        "worker_count": len(heartbeats), "queue": queue, "supervisor": supervisor,
+        "redis_ok": redis_ok, "hosts": worker_selectors.workers_by_host(live, time.time()), "dead": dead,
+        "worker_count": len(live), "queue": queue, "supervisor": supervisor,
         "outcomes": await sync_to_async(worker_selectors.job_outcomes)(since),
         "calls_5m": calls_5m, "calls_per_min": calls_5m / 5,
     }

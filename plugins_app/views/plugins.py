@@ -54,7 +54,7 @@ def plugin_list(request):
 def _sort_columns(request, sort: str, desc: bool) -> list[dict]:
     """Table headers: a link that sorts by the column (again: reverses it), keeping the filters."""
     labels = [("name", "Plugin", False), ("runtime", "Runtime", False), ("state", "State", False),
-              (None, "Hooks", False), ("calls", "Calls (1 h)", True), ("errors", "Errors", True),
+              (None, "Hooks", False), ("calls", "Calls (1 h)", True), ("errors", "Errors per hook", True),
               ("p95", "p95", True)]
     out = []
     for key, label, numeric in labels:
@@ -92,7 +92,7 @@ def plugin_detail(request, name: str):
         "hook_names": declared, "example": _pretty(example_request(declared[0])) if declared else "",
         "findings": dashboard.plugin_findings(name), "manifest_facts": facts, "raw_manifest": dashboard.raw_manifest(plugin.path),
         "traces": dashboard.recent_traces(name), "audit": dashboard.audit(15, target=name),
-        "stderr_backlog": events.tail(name)[-200:],
+        "stderr_backlog": events.recent_lines(name),
         "snippets": dashboard.curl_snippets(request.build_absolute_uri("/").rstrip("/"), name, declared),
         "bundle": bundles.active_version(name),
     })

@@ -427,3 +427,31 @@ def test_outcomes_finished_within_the_linger_share_one_insert_and_one_ack(monkey
     writer.close()
     assert sizes == [2] and acks == [2]
     assert set(JobRecord.objects.values_list("job_id", flat=True)) == set(ids) and pending(stream.stream) == 0
+
+
+def test_a_job_is_acknowledged_only_once_its_traces_are_stored(home, monkeypatch):
+    """A worker killed after a job's ack and before its trace's INSERT loses the trace for good (an acked job is
+    never delivered again): the outcome writer must wait for the job's traces."""
+    from plugins_app.models import HookTrace
+
+    make_plugin(home.plugins_dir, "counter", {"after_turn": COUNTING_AFTER_TURN})
+    write_config(home.root, plugin="counter")
+    ids = {put("after_turn", {"agent_id": f"a{i}", "messages": [{"role": "user", "content": "hi"}]})
+           for i in range(40)}
+    stream = new_stream()
+    loop = WorkerLoop(stream, 8)
+    untraced_at_ack: list[str] = []
+    real_ack = stream.ack_many
+
+    def ack_many(done):
+        traced = set(HookTrace.objects.filter(job_id__in=[j.id for j in done]).values_list("job_id", flat=True))
+        untraced_at_ack.extend(j.id for j in done if j.id not in traced)
+        return real_ack(done)
+
+    monkeypatch.setattr(stream, "ack_many", ack_many)
+    end = time.monotonic() + 60
+    while JobRecord.objects.filter(job_id__in=ids).count() < len(ids) and time.monotonic() < end:
+        loop.cycle(block_ms=100)
+    loop.finish()
+    assert JobRecord.objects.filter(job_id__in=ids, state=JobRecord.State.DONE).count() == len(ids)
+    assert untraced_at_ack == [], f"{len(untraced_at_ack)} of {len(ids)} jobs acked before their trace was stored"

@@ -1,0 +1,169 @@
+"""The dashboard under failure, in real Chromium against the real service: a plugin that fails every call is shown
+failing wherever it is named, pages survive Redis going away, a SIGKILLed worker is shown dead."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from tests.plugin_factory import make_plugin, write_config
+
+pytestmark = pytest.mark.browser
+WAIT_MS = 30_000
+CRASHING_INGEST = """
+import sys
+sys.stdin.read()
+print("no database for you", file=sys.stderr)
+sys.exit(1)
+"""
+OK_AFTER_TURN = """
+import json, sys
+sys.stdin.read()
+print(json.dumps({"type": "ok"}))
+"""
+
+
+def _shot(page, screenshot_dir, name: str) -> None:
+    page.screenshot(path=str(screenshot_dir / f"failure-{name}.png"), full_page=True)
+
+
+def test_it_shows_the_crashing_engine_plugin_failing_on_every_panel(live, logged_in_page, screenshot_dir):
+    name = f"crashy-{uuid.uuid4().hex[:6]}"
+    make_plugin(live.home / "plugins", name, {"ingest": CRASHING_INGEST, "after_turn": OK_AFTER_TURN})
+    write_config(live.home, plugin=name)
+    try:
+        for i in range(6):
+            status, reply = live.hook("ingest", {"agent_id": "fails", "message": f"m{i}", "peer_id": "u"})
+            assert status == 200 and reply["source"] == "default" and "script_error" in reply["fallback_reason"]
+            assert live.hook("after_turn", {"agent_id": "fails", "messages": [{"role": "user", "content": "x"}]})[0] == 202
+        end = time.monotonic() + 30  # traces are written in the background
+        while time.monotonic() < end:
+            body = live.request("GET", "/api/health", auth=False)[1]
+            if (body.get("failing") or {}).get(name, {}).get("ingest", {}).get("failures", 0) >= 6:
+                break
+            time.sleep(0.3)
+        failing = body["failing"][name]
+        assert set(failing) == {"ingest"} and failing["ingest"]["last_error_kind"] == "script_error", body
+        page = logged_in_page
+        page.goto(f"{live.url}/?q={name}")
+        state = page.locator(f"#plugin-row-{name} td[data-label=State]")
+        assert "failing ingest" in state.inner_text() and "serving agents" not in state.inner_text()
+        rates = page.locator(f"#plugin-row-{name} [data-hook-rate=ingest]").inner_text()
+        assert "100" in rates, rates
+        _shot(page, screenshot_dir, "crashing-plugin-list")
+        page.goto(f"{live.url}/?errors=1")
+        assert page.locator(f"#plugin-row-{name}").count() == 1
+        page.goto(f"{live.url}/plugins/{name}/")
+        assert "failing ingest" in page.inner_text("#plugin-state")
+        notice = page.inner_text("[data-failing-notice]")
+        assert "agent calls of ingest failed" in notice and "script_error" in notice
+        _shot(page, screenshot_dir, "crashing-plugin-page")
+        page.click("[data-failing-notice] a")
+        page.wait_for_url(f"**/traces/?plugin={name}&hook=ingest&outcome=failed")
+        assert page.locator("[data-trace-id]").count() >= 6
+        page.goto(f"{live.url}/engine/")
+        assert "failing ingest" in page.inner_text(f"[data-layer={name}]")
+        page.wait_for_selector("#engine-health [data-health-failing]", timeout=WAIT_MS)
+        assert "degraded" in page.inner_text("#engine-health")
+        _shot(page, screenshot_dir, "crashing-engine-page")
+        page.goto(f"{live.url}/doctor/")
+        doctor = page.inner_text(f"#doctor-{name}")
+        assert "problems" in doctor and "failing its ingest hook" in doctor
+    finally:
+        write_config(live.home)
+
+
+PAGES = ["/", "/engine/", "/metrics/", "/traces/", "/workers/", "/doctor/", "/tools/", "/tokens/", "/create/",
+         "/install/", "/engine/mcp/"]
+
+
+def _login(browser, url: str, password: str, width: int = 1280):
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.goto(url + "/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(url + "/")
+    return context, page
+
+
+@pytest.fixture
+def redis_service(tmp_path):
+    from tests.e2e.live import LiveService
+    from tests.own_redis import OwnRedis
+
+    redis = OwnRedis(tmp_path)
+    redis.start()
+    service = LiveService(tmp_path / "svc")
+    service.env["REDIS_URL"] = redis.url
+    try:
+        service.start(workers=1)
+        yield service, redis
+    finally:
+        service.stop()
+        redis.stop()
+
+
+def test_it_renders_every_page_with_a_banner_while_redis_is_down(redis_service, browser, screenshot_dir):
+    service, redis = redis_service
+    make_plugin(service.home / "plugins", "steady", {"after_turn": OK_AFTER_TURN})
+    write_config(service.home, plugin="steady")
+    context, page = _login(browser, service.url, service.password)
+    try:
+        page.goto(service.url + "/plugins/steady/")
+        assert page.locator("[data-outage]").count() == 0
+        redis.kill()
+        page.wait_for_timeout(2100)  # a web process checks at most every 2 s (plugins_app/selectors/health.py)
+        for path in [*PAGES, "/plugins/steady/"]:
+            response = page.goto(service.url + path)
+            assert response.status < 500, (path, response.status)
+            banner = page.locator("[data-outage=redis]")
+            assert "default engine" in banner.inner_text() and "503" in banner.inner_text(), path
+        page.goto(service.url + "/engine/")
+        page.wait_for_selector("#engine-health .badge.bad", timeout=WAIT_MS)
+        assert "unreachable" in page.inner_text("#engine-health")
+        _shot(page, screenshot_dir, "redis-down-engine")
+        page.goto(service.url + "/plugins/steady/")
+        _shot(page, screenshot_dir, "redis-down-plugin")
+        status, body = service.hook("after_turn", {"agent_id": "a", "messages": [{"role": "user", "content": "x"}]})
+        assert status == 503 and body["error"]["code"] == "bus_unavailable"  # what the banner says agents get
+    finally:
+        context.close()
+        redis.start()
+
+
+def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path, browser, screenshot_dir):
+    """Under `librefang start` the supervisor reaps the worker and says so in supervisor.json; the dashboard and
+    /api/health take that over the heartbeat, which lives on for up to 6 s."""
+    import os
+    import signal
+
+    from tests.e2e.test_supervisor import Supervised
+
+    service = Supervised(tmp_path)
+    service.start()
+    context = None
+    try:
+        password = (service.home / "admin_password").read_text().strip()
+        context, page = _login(browser, service.url, password)
+        page.goto(service.url + "/workers/")
+        pid = service.worker_pid()
+        page.wait_for_selector(f"tr[data-worker-pid='{pid}']", timeout=WAIT_MS)
+        os.kill(pid, signal.SIGKILL)
+        page.wait_for_selector("[data-dead-workers]", timeout=WAIT_MS)
+        html = page.inner_text("[data-dead-workers]")
+        assert f"pid {pid}" in html and "SIGKILL" in html, html
+        assert page.locator(f"tr[data-worker-pid='{pid}']").count() == 0  # not listed, nor counted, as live
+        status, body = service.request("GET", "/api/health", auth=False)
+        dead = [w["pid"] for w in body["dead_workers"]]
+        assert pid in dead and pid not in [w["pid"] for w in body["workers"]], body
+        # what proves the supervisor's word was used: the dead worker's heartbeat had not expired yet
+        assert any(w["pid"] == pid and w.get("heartbeat_age_secs", 99) < 6 for w in body["dead_workers"]), body
+        _shot(page, screenshot_dir, "worker-sigkilled")
+    finally:
+        if context is not None:
+            context.close()
+        service.kill_everything()
