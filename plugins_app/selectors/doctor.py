@@ -6,6 +6,7 @@ from engine.plugins.doctor import probe_all
 from engine.plugins.lint import hooks_valid, lint_plugin
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import home
+from plugins_app.selectors.permissions import unapproved_finding
 from plugins_app.selectors.tools import policy as wasm_policy
 
 
@@ -31,6 +32,10 @@ def doctor(fresh: bool = False) -> dict:
             available = bool(status and status.available)
             hint = status.install_hint if status else ""
         report = lint_plugin(entry.dir, installed, wasm_policy())
+        findings = [f.to_dict() for f in report.findings]
+        unapproved = unapproved_finding(name)
+        if unapproved is not None:
+            findings.append(unapproved)
         plugins.append({
             "name": name,
             "runtime": label,
@@ -39,7 +44,7 @@ def doctor(fresh: bool = False) -> dict:
             "hooks_valid": bool(m) and hooks_valid(entry.dir, m.hooks.declared_hooks()),
             "enabled": entry.enabled,
             "ok": report.ok and available,
-            "findings": [f.to_dict() for f in report.findings],
+            "findings": findings,
         })
     return {"runtimes": [r.to_dict() for r in runtimes], "plugins": plugins,
             "ok": all(p["ok"] for p in plugins)}
