@@ -1,4 +1,5 @@
-"""`[context_engine]` from $LIBREFANG_HOME/config.toml, re-read whenever the file changes on disk."""
+"""`[context_engine]`, `[llm]`, `[limits]` and `[plugin_env]` from $LIBREFANG_HOME/config.toml, re-read whenever the
+file changes on disk."""
 
 from __future__ import annotations
 
@@ -42,10 +43,32 @@ class ContextEngineConfig(BaseModel):
         return "stacked" if len(self.chain) > 1 else "single" if self.chain else "default"
 
 
+class Limits(BaseModel):
+    """`[limits]`: the operator's ceilings. No manifest and no approval takes a hook above them
+    (engine/plugins/permissions.py; docs/security.md, "Permissions and approvals")."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_processes: int = Field(256, gt=0)
+    max_memory_mb: int = Field(2048, gt=0)
+    hook_timeout_secs: float = Field(120.0, gt=0)
+    max_disk_mb: int = Field(1024, gt=0)  # the hook's writable space (its data directory, /tmp, /dev/shm)
+    max_cpu_secs: int | None = Field(None, gt=0)  # unset: a hook's CPU is bounded by its timeout
+
+
+class PluginEnv(BaseModel):
+    """`[plugin_env]`: the service variables a plugin may ask for (its `[env]` "${VAR}" values and its
+    `allowed_env_vars`). The service's own are never handed over, listed or not (engine/plugins/permissions.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    allow: list[str] = Field(default_factory=list)
+
+
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
     context_engine: ContextEngineConfig = Field(default_factory=ContextEngineConfig)
     llm: LlmConfig = Field(default_factory=LlmConfig)
+    limits: Limits = Field(default_factory=Limits)
+    plugin_env: PluginEnv = Field(default_factory=PluginEnv)
     error: str | None = None
 
 

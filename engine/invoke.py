@@ -17,10 +17,11 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
-from engine.hooks import retry_delay_ms, timeout_for
+from engine.hooks import retry_delay_ms
 from engine.overrides import Overrides
 from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
+from engine.plugins.permissions import BASELINE_MEMORY_MB, BASELINE_PROCESSES, PermissionPolicy, service_own
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
 from engine.process.runner import process_runtime
@@ -38,18 +39,23 @@ def new_trace_id() -> str:
     return secrets.token_hex(8)
 
 
-def expand_env(env: dict[str, str], parent: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """`[env]` values that are exactly `${VAR}` come from the service environment; unset ones become "" (warned)."""
+def expand_env(env: dict[str, str], allowed: frozenset[str] | set[str],
+               parent: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """`[env]` values that are exactly `${VAR}` come from the service environment when VAR is one the call may read
+    (engine/plugins/permissions.py Grant.env_vars: approved, allowlisted by the operator, not the service's own);
+    any other reference becomes "" (the Grant's warnings say why), an unset one too (warned)."""
     parent = os.environ if parent is None else parent
     out, warnings = {}, []
     for key, value in env.items():
         var = env_reference(value)
-        if var is not None:
+        if var is None:
+            out[key] = value
+        elif var not in allowed:
+            out[key] = ""
+        else:
             if var not in parent:
                 warnings.append(f"[env] {key} = ${{{var}}}: {var} is not set in the service environment; passing ''")
             out[key] = parent.get(var, "")
-        else:
-            out[key] = value
     return out, warnings
 
 
@@ -89,7 +95,11 @@ class Attempt:
 
 def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, timeout: float | None = None,
                   allowed_env_vars: tuple[str, ...] = (), overrides: Overrides | None = None,
-                  warnings: list[str] | None = None) -> HookCall | Failure:
+                  warnings: list[str] | None = None, policy: PermissionPolicy | None = None) -> HookCall | Failure:
+    """The HookCall of one attempt. What it may reach and spend comes from `policy` (engine/plugins/permissions.py:
+    the owner's approvals, the operator's ceilings and variables), never from the manifest alone; without one,
+    nothing is approved and the default ceilings apply. `allowed_env_vars` are the operator's own
+    (`[context_engine] allowed_env_vars`): handed over unless they are the service's own."""
     plugin = entry.plugin
     if plugin is None:
         problems = "; ".join(f.message for f in entry.problems) or "plugin cannot be loaded"
@@ -99,28 +109,36 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
     script = settings.script_for(hook)
     if not script:
         return Failure(P.HOOK_NOT_DECLARED, f"plugin {entry.name!r} does not declare the {hook} hook")
-    env, env_warnings = expand_env(plugin.manifest.env)
-    if warnings is not None:
-        warnings.extend(env_warnings)
+    granted = (policy or DEFAULT_POLICY).grant(plugin)
+    notes = list(granted.warnings)
+    env, env_warnings = expand_env(plugin.manifest.env, granted.env_vars)
+    notes += env_warnings
     if overrides is not None and overrides.env:
         env = {**{str(k): str(v) for k, v in overrides.env.items()}, **env}
-    allow_network = settings.allow_network
+    allow_network = granted.network
     if overrides is not None and overrides.allow_network is not None:
-        allow_network = overrides.allow_network
-    if timeout is None:
-        timeout = timeout_for(hook, settings)
+        # a bootstrap reply may turn the network off, never on beyond what the plugin was granted
+        allow_network = overrides.allow_network and granted.network
+        if overrides.allow_network and not granted.network:
+            notes.append("permissions.network: the bootstrap reply's allow_network = true is ignored: this plugin "
+                         "is not granted the network")
+    timeout = granted.timeout_for(hook) if timeout is None else min(timeout, granted.timeout_ceiling)
     extra_env = {}
     config_file = write_config_file(plugin, home)
     if config_file:
         extra_env["LIBREFANG_PLUGIN_CONFIG"] = str(config_file)
-    for secret in settings.allowed_secrets:
+    for secret in granted.secrets:
         # No credential vault here: the service's own environment holds LIBREFANG_SECRET_<NAME>. Values are never
         # logged; a missing one only warns (LibreFang).
         var = "LIBREFANG_SECRET_" + re.sub(r"[^A-Za-z0-9_]", "_", secret).upper()
         if var in os.environ:
             extra_env[var] = os.environ[var]
-        elif warnings is not None:
-            warnings.append(f"allowed_secrets: {var} is not set in the service environment")
+        else:
+            notes.append(f"allowed_secrets: {var} is not set in the service environment")
+    if warnings is not None:
+        warnings.extend(notes)
+    passed = [v for v in allowed_env_vars if not service_own(v)]
+    passed += [v for v in settings.allowed_env_vars if v in granted.env_vars]
     return HookCall(
         plugin_dir=entry.dir,
         script=script,
@@ -128,19 +146,29 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         request=request,
         timeout_secs=timeout,
         plugin_env=env,
-        allowed_env_vars=tuple(allowed_env_vars) + tuple(settings.allowed_env_vars),
+        allowed_env_vars=tuple(dict.fromkeys(passed)),
         data_dir=home.data_dir(entry.name),
-        max_memory_mb=settings.max_memory_mb,
-        max_cpu_secs=settings.max_cpu_secs,
+        max_memory_mb=_explicit(settings.max_memory_mb, granted.max_memory_mb, BASELINE_MEMORY_MB),
+        max_cpu_secs=granted.max_cpu_secs,
         extra_env=extra_env,
         allow_network=allow_network,
-        allow_filesystem=settings.allow_filesystem,
+        allow_filesystem=granted.filesystem,
         venv_dir=venv_dir(home, entry.name),
         warm_start=settings.warm_start,
-        max_processes=settings.max_processes,
+        max_processes=_explicit(settings.max_processes, granted.max_processes, BASELINE_PROCESSES),
         home_dir=home.root,
-        wasm_capabilities=tuple(plugin.manifest.wasm_capabilities),
+        wasm_capabilities=granted.wasm_capabilities,
     )
+
+
+# No approvals, the default ceilings: what a call gets when its caller passes no policy.
+DEFAULT_POLICY = PermissionPolicy()
+
+
+def _explicit(asked: int | None, granted: int, baseline: int) -> int | None:
+    """None (the runner's default) when the manifest set no value and the grant is that default: an explicit
+    max_memory_mb also sets RLIMIT_AS, which runtimes that reserve address space (go, node) do not survive."""
+    return None if asked is None and granted == baseline else granted
 
 
 def venv_dir(home: Home, name: str):
@@ -208,15 +236,17 @@ PERMANENT_FAILURES = frozenset({P.PATH_TRAVERSAL, P.SCRIPT_NOT_FOUND, P.LAUNCHER
 def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocations: InvocationSink,
            stderr: StderrSink, agent_id: str = "", job_id: str | None = None, timeout: float | None = None,
            allowed_env_vars: tuple[str, ...] = (), retries: int | None = None, overrides: Overrides | None = None,
-           judge: Judge | None = None, sleep: Callable[[float], None] = time.sleep) -> Attempt:
-    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per attempt.
+           judge: Judge | None = None, sleep: Callable[[float], None] = time.sleep,
+           policy: PermissionPolicy | None = None) -> Attempt:
+    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per attempt. `policy`: what the
+    call may reach and spend (hook_call_for).
 
     `judge` inspects a successful reply before it is recorded: it can turn it into a failure (e.g. assemble with no
     usable messages, as LibreFang counts it) and attach warnings (e.g. pinned messages restored) to the trace.
     """
     trace_id = new_trace_id()
     warnings: list[str] = []
-    call = hook_call_for(entry, hook, request, home, timeout, allowed_env_vars, overrides, warnings)
+    call = hook_call_for(entry, hook, request, home, timeout, allowed_env_vars, overrides, warnings, policy)
     started_wall = time.time()
     if isinstance(call, Failure):
         result = HookResult(False, failure=call)

@@ -14,6 +14,7 @@ from typing import Any
 from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import CatalogEntry
+from engine.plugins.permissions import PermissionPolicy
 from engine.process import warmstart
 from engine.process.runner import build_env, hook_argv, locate_script
 from engine.process.runtimes import LauncherNotFound
@@ -22,9 +23,11 @@ from engine.protocol import Failure
 Ensure = Callable[[str, Mapping[str, str]], bool]
 
 
-def warm_plugin(entry: CatalogEntry, home: Home, ensure: Ensure = warmstart.ensure) -> dict[str, Any]:
+def warm_plugin(entry: CatalogEntry, home: Home, ensure: Ensure = warmstart.ensure,
+                policy: PermissionPolicy | None = None) -> dict[str, Any]:
     """{"plugin", "runtime", "warmed": [hook...], "skipped": {hook: why}, "failed": {hook: why}, "zygotes": n}.
-    `zygotes` counts distinct (interpreter, start-up environment) pairs confirmed running."""
+    `zygotes` counts distinct (interpreter, start-up environment) pairs confirmed running. `policy`: the engine's
+    (what the plugin's calls are granted decides their environment, hence their zygote)."""
     out: dict[str, Any] = {"plugin": entry.name, "runtime": "", "warmed": [], "skipped": {}, "failed": {},
                            "zygotes": 0}
     plugin = entry.plugin
@@ -34,7 +37,7 @@ def warm_plugin(entry: CatalogEntry, home: Home, ensure: Ensure = warmstart.ensu
     out["runtime"] = plugin.manifest.runtime.label
     started: dict[tuple, bool] = {}
     for hook in plugin.manifest.hooks.declared_hooks():
-        call = hook_call_for(entry, hook, {}, home)
+        call = hook_call_for(entry, hook, {}, home, policy=policy)
         if isinstance(call, Failure):
             out["failed"][hook] = f"{call.kind}: {call.message}"
             continue

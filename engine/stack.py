@@ -24,6 +24,7 @@ from engine.hook_requests import normalise
 from engine.invoke import Attempt, Judge, invoke
 from engine.overrides import BootstrapOverrides, Overrides
 from engine.plugins.catalog import CallCatalog, Catalog
+from engine.plugins.permissions import Approvals, NoApprovals, PermissionPolicy
 from engine.ports import (
     TEST_CONSOLE,
     InvocationSink,
@@ -83,6 +84,9 @@ class EngineDeps:
     invocations: InvocationSink = field(default_factory=NullInvocationSink)
     stderr: StderrSink = field(default_factory=NullStderrSink)
     summarizer_for: Callable[[LlmConfig], Summarizer | None] = lambda cfg: None
+    # Which manifest versions an owner approved (engine/plugins/permissions.py); none: every plugin runs with the
+    # defaults in place of what it asks.
+    approvals: Approvals = field(default_factory=NoApprovals)
 
 
 class ContextEngine:
@@ -96,6 +100,16 @@ class ContextEngine:
         self.breakers = CircuitBreakers()
         self.overrides = BootstrapOverrides(deps.home)
         self._sleep: Callable[[float], None] = time.sleep
+        # one slot, shared with the per-call copies handle() makes
+        self._permissions: list[tuple[ServiceConfig, PermissionPolicy]] = []
+
+    def permissions(self, cfg: ServiceConfig) -> PermissionPolicy:
+        """The operator's side of every call's grant (approvals, [limits], [plugin_env]), made once per config."""
+        cached = self._permissions[0] if self._permissions else None
+        if cached is None or cached[0] is not cfg:
+            cached = (cfg, PermissionPolicy.of(cfg, self.deps.approvals))
+            self._permissions[:] = [cached]
+        return cached[1]
 
     # ---- what the web tier needs before it enqueues ----
 
@@ -200,7 +214,8 @@ class ContextEngine:
                 return Attempt(name, hook, HookResult(False, failure=P.Failure(P.CIRCUIT_OPEN, why)), "")
         attempt = invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
                          agent_id=agent, job_id=job_id, allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars),
-                         overrides=self.overrides.get(name), judge=judge, sleep=self._sleep)
+                         overrides=self.overrides.get(name), judge=judge, sleep=self._sleep,
+                         policy=self.permissions(cfg))
         if breaker is not None:
             self.breakers.record(bkey, attempt.ok)
         if key is not None and attempt.ok and ttl:
@@ -381,4 +396,5 @@ class ContextEngine:
         return invoke(entry, hook, req, home=self.home, invocations=OriginSink(self.deps.invocations, TEST_CONSOLE),
                       stderr=self.deps.stderr, agent_id=str(req.get("agent_id") or ""), retries=0,
                       overrides=self.overrides.get(name),
-                      allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars), judge=self.judge_for(hook, req, cfg))
+                      allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars), judge=self.judge_for(hook, req, cfg),
+                      policy=self.permissions(cfg))

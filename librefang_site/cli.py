@@ -7,7 +7,8 @@
                                   there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name);
                                   --once runs one reclaim + read cycle, waits for those jobs and exits
   librefang plugin ACTION …       list | show | scaffold | reload | enable | disable | doctor | lint | install |
-                                  uninstall | update | install-deps | test-hook | use | prewarm [NAME] …
+                                  uninstall | update | install-deps | test-hook | use | prewarm [NAME] |
+                                  permissions | approve …
                                   (`librefang plugin -h`)
   librefang token ACTION …        create --role owner|admin|viewer|agent --name N | list | revoke ID|NAME
 

@@ -208,3 +208,21 @@ class EngineSetting(models.Model):
     key = models.CharField(max_length=40, primary_key=True)
     text = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class PluginApproval(models.Model):
+    """An owner's approval of one plugin.toml version (engine/plugins/permissions.py): that version of that plugin
+    gets what it asks beyond the defaults, within the operator's ceilings. Any other version runs with the defaults.
+    Kept here, where no hook can write, and read by every worker."""
+
+    plugin = models.CharField(max_length=128, db_index=True)
+    manifest_sha256 = models.CharField(max_length=64)
+    permissions = models.JSONField(default=dict)  # what that version asks (permissions.Request.to_dict())
+    manifest = models.TextField(blank=True)  # its plugin.toml, to show what a later version changed
+    approved_by = models.CharField(max_length=150)  # the audit actor
+    how = models.CharField(max_length=20, default="approve")  # approve | scaffold | install | edit | reload | update
+    approved_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["plugin", "manifest_sha256"], name="uniq_plugin_approval")]
+        ordering = ["-approved_at", "-id"]

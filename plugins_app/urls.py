@@ -7,6 +7,7 @@ from plugins_app.views import engine as engine_views
 from plugins_app.views import mcp as mcp_views
 from plugins_app.views import monitoring as monitoring_views
 from plugins_app.views import parity as parity_views
+from plugins_app.views import permissions as permission_views
 from plugins_app.views import plugins as plugin_views
 from plugins_app.views import tokens as token_views
 from plugins_app.views import tools as tool_views
@@ -38,6 +39,7 @@ urlpatterns = [
     path("plugins/<str:name>/config/", parity_views.config, name="parity_config"),
     path("plugins/<str:name>/config/env/", parity_views.env_set, name="parity_env_set"),
     path("plugins/<str:name>/config/advanced/", parity_views.advanced_set, name="parity_advanced_set"),
+    path("plugins/<str:name>/permissions/approve/", permission_views.plugin_approve, name="plugin_approve"),
     path("plugins/<str:name>/<str:action>/", plugin_views.plugin_action, name="plugin_action"),
     # Context engine, doctor, tokens
     path("engine/", engine_views.engine_page, name="engine"),

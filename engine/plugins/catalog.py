@@ -24,6 +24,7 @@ from engine.plugins.loader import (
     fingerprint,
     load_plugin,
     manifest_path,
+    manifest_sha256,
     verify_integrity,
 )
 from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
@@ -167,7 +168,7 @@ class Catalog:
         found = [*found, *directory_findings(pdir, manifest), *verify_integrity(pdir, manifest)]
         if F.has_errors(found):
             return None
-        restored = LoadedPlugin(pdir, manifest, found, ("last_good", *stamp))
+        restored = LoadedPlugin(pdir, manifest, found, ("last_good", *stamp), manifest_sha256(text))
         with self._lock:
             self._stale[name] = (stamp, restored)
         return restored

@@ -4,6 +4,7 @@ code that has a plugin directory but no catalog entry at hand."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -14,6 +15,7 @@ from engine import findings as F
 from engine.filecache import FileCache, file_stamp, real_path
 from engine.findings import Finding
 from engine.plugins.manifest import NAME_RE, Manifest, ManifestError, parse_manifest_text
+from engine.plugins.permissions import Request, requested
 
 
 @dataclass
@@ -24,10 +26,16 @@ class LoadedPlugin:
     manifest: Manifest
     findings: list[Finding] = field(default_factory=list)
     fingerprint: tuple = ()
+    manifest_sha256: str = ""  # of the plugin.toml text this was parsed from: what an owner's approval names
 
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @functools.cached_property
+    def requested(self) -> Request:
+        """What this manifest version asks beyond the defaults (engine/plugins/permissions.py)."""
+        return requested(self.manifest)
 
 
 def directory_findings(plugin_dir: Path, manifest: Manifest) -> list[Finding]:
@@ -101,7 +109,12 @@ def load_plugin(plugin_dir: Path, check_integrity: bool = True) -> LoadedPlugin:
         found += verify_integrity(plugin_dir, manifest)
     if F.has_errors(found):
         raise ManifestError(found)
-    return LoadedPlugin(plugin_dir, manifest, found, fingerprint(plugin_dir))
+    return LoadedPlugin(plugin_dir, manifest, found, fingerprint(plugin_dir), manifest_sha256(text))
+
+
+def manifest_sha256(text: str) -> str:
+    """The hash an approval names: sha256 of plugin.toml's UTF-8 text, exactly as it was parsed."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def verify_integrity(plugin_dir: Path, manifest: Manifest) -> list[Finding]:

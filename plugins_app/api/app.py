@@ -1,6 +1,7 @@
 from ninja import NinjaAPI
 
 from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories, tokens
+from plugins_app.api import permissions as permissions_api
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.contract import add_components
@@ -51,6 +52,7 @@ api.add_router("/", health.router)
 api.add_router("/context-engine", context_engine.router)
 api.add_router("/context-engine", context_engine_extra.router)
 api.add_router("/plugins", plugins_api.router)
+api.add_router("/plugins", permissions_api.router)
 api.add_router("/tools", tools_api.router)
 api.add_router("/memories", memories.router)
 api.add_router("/tokens", tokens.router)

@@ -7,6 +7,7 @@ from engine.plugins.lint import hooks_valid, lint_plugin
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import home
 from plugins_app.selectors import outcomes
+from plugins_app.selectors.permissions import unapproved_finding
 from plugins_app.selectors.tools import policy as wasm_policy
 
 
@@ -34,6 +35,7 @@ def doctor(fresh: bool = False) -> dict:
             hint = status.install_hint if status else ""
         report = lint_plugin(entry.dir, installed, wasm_policy())
         failing = outcomes.findings(name, bad)
+        unapproved = unapproved_finding(name)
         plugins.append({
             "name": name,
             "runtime": label,
@@ -43,7 +45,8 @@ def doctor(fresh: bool = False) -> dict:
             "enabled": entry.enabled,
             "ok": report.ok and available and not failing,
             "failing": bad.get(name, {}),
-            "findings": [*failing, *(f.to_dict() for f in report.findings)],
+            "findings": [*failing, *(f.to_dict() for f in report.findings),
+                         *([unapproved] if unapproved is not None else [])],
         })
     return {"runtimes": [r.to_dict() for r in runtimes], "plugins": plugins,
             "ok": all(p["ok"] for p in plugins)}

@@ -10,6 +10,7 @@ import logging
 from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.home import catalog, config_cache, forget, home
+from plugins_app.selectors.permissions import DbApprovals
 from plugins_app.services.memory import DbMemoryStore
 from plugins_app.services.policy import hook_policy, summarizer_for
 from plugins_app.services.recording import DbInvocationSink
@@ -26,7 +27,7 @@ def invocation_sink() -> DbInvocationSink:
 def get_engine() -> ContextEngine:
     """One engine per process: its catalog and config caches re-read files only when they change."""
     deps = EngineDeps(home=home(), memory=DbMemoryStore(), invocations=invocation_sink(),
-                      stderr=events.publisher(), summarizer_for=summarizer_for)
+                      stderr=events.publisher(), summarizer_for=summarizer_for, approvals=DbApprovals())
     return ContextEngine(deps, catalog=catalog(), config=config_cache())
 
 

@@ -14,7 +14,7 @@ from engine.plugins.manifest import ManifestError, parse_manifest_text
 from plugins_app.errors import PluginError
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.selectors.state import advanced_config, plugin_env
-from plugins_app.services import audit, bundles
+from plugins_app.services import audit, bundles, permissions
 from plugins_app.services import config as config_service
 from plugins_app.services.plugins import record_change, require_installed
 
@@ -33,8 +33,9 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
     or nothing is written. The catalog sees the new file on the next call."""
     path = require_installed(name) / "plugin.toml"
     try:
-        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
-    except (OSError, TOMLKitError) as exc:
+        original = path.read_text(encoding="utf-8")
+        doc = tomlkit.parse(original)
+    except (OSError, UnicodeDecodeError, TOMLKitError) as exc:
         raise PluginError("invalid_manifest", f"plugin.toml of {name!r} cannot be read: {exc}", 400) from exc
     edit(doc)
     text = tomlkit.dumps(doc)
@@ -44,9 +45,12 @@ def _edit_manifest(name: str, edit, actor: str, action: str, details: dict) -> N
         audit.record(actor, action, name, ok=False, details={**details, "error": str(exc)})
         raise PluginError("invalid_config", f"the change would make plugin.toml invalid: {exc}", 400,
                           [f.to_dict() for f in exc.findings]) from exc
+    was_in_force = permissions.in_force(name, original)
     config_service.atomic_write(path, text)
     plugin_catalog().forget(name)
     bundles.publish_bundle(name)
+    # the owner's own edit of a version that was in force is approved; an edit of one that was not is not
+    permissions.after_owner_act(name, actor, "edit", text=text, edited_in_force=was_in_force)
     record_change(name, "configured", actor, action, details)
 
 

@@ -30,7 +30,7 @@ from plugins_app.home import config_cache, home
 from plugins_app.models import IdempotentResponse
 from plugins_app.selectors.plugins import PluginSummary, get_plugin
 from plugins_app.selectors.registries import default_registry, registry_configs
-from plugins_app.services import audit, bundles
+from plugins_app.services import audit, bundles, permissions
 from plugins_app.services import config as config_service
 
 log = logging.getLogger("librefang.plugins")
@@ -87,6 +87,7 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     bundles.publish_bundle(name)
+    permissions.after_owner_act(name, actor, "scaffold")
     record_change(name, "scaffolded", actor, "plugin.scaffold", {"runtime": p.runtime, "files": sorted(p.files)})
     summary = get_plugin(name)
     assert summary is not None
@@ -111,12 +112,14 @@ def reload_plugin(name: str, actor: str) -> dict:
     declared = loaded.manifest.hooks.declared_hooks()
     valid = hooks_valid(entry.dir, declared)
     bundles.publish_bundle(name)
+    granted = permissions.after_owner_act(name, actor, "reload")
     record_change(name, "reloaded", actor, "plugin.reload", {"version": loaded.manifest.version})
     return {"status": "ok", "plugin": name, "name": name, "version": loaded.manifest.version,
             "runtime": loaded.manifest.runtime.label, "hooks": sorted(declared), "hooks_valid": valid,
             "hook_timeout_secs": loaded.manifest.hooks.hook_timeout_secs, "enabled": entry.enabled,
-            "warnings": [f.to_dict() for f in loaded.findings],
-            "message": "reloaded: the next call uses this configuration"}
+            "warnings": [f.to_dict() for f in loaded.findings], "permissions": granted,
+            "message": "reloaded: the next call uses this configuration"
+            + ("" if granted.get("in_force", True) else "; " + granted["message"])}
 
 
 def set_enabled(name: str, enabled: bool, actor: str) -> dict:
@@ -170,6 +173,7 @@ def install_plugin(source: dict, actor: str, idempotency_key: str | None = None)
         audit.record(actor, "plugin.install", str(source.get("name") or source.get("path") or source.get("url") or ""),
                      ok=False, details={"source": source, "error": exc.message})
         raise _from_install_error(exc) from exc
+    result["permissions"] = permissions.after_owner_act(result["name"], actor, "install")
     if idempotency_key is not None:
         try:
             IdempotentResponse.objects.create(key=idempotency_key, body_sha256=body_hash, status=201, response=result)
@@ -192,6 +196,7 @@ def update_plugin(name: str, force: bool, actor: str) -> dict:
         raise _from_install_error(exc) from exc
     plugin_catalog().forget(name)
     bundles.publish_bundle(name)
+    result["permissions"] = permissions.after_owner_act(name, actor, "update")
     record_change(name, "updated", actor, "plugin.update", {"version": result["version"], "force": force})
     return result
 
@@ -296,6 +301,7 @@ def install_with_deps(name: str, registry: str | None, ref: str | None, actor: s
     for n in result["installed"]:
         plugin_catalog().forget(n)
         bundles.publish_bundle(n)
+        result.setdefault("permissions", {})[n] = permissions.after_owner_act(n, actor, "install")
         record_change(n, "installed", actor, "plugin.install", {"source": {"kind": "registry", "registry": registry},
                                                            "as_dependency_of": name if n != name else None})
     return result

@@ -33,7 +33,7 @@ def warm_here(fields: dict[str, str]) -> dict[str, Any]:
                 out["plugins"].append({"plugin": name, "runtime": "", "warmed": [], "skipped": {},
                                        "failed": {"*": "not installed on this worker"}, "zygotes": 0})
                 continue
-            report = warm_plugin(engine.catalog.get(name), home())
+            report = warm_plugin(engine.catalog.get(name), home(), policy=engine.permissions(engine.config.get()))
             report["bundle"] = (bundles or {}).get(name, "")[:12]
             out["plugins"].append(report)
     except BundleError as exc:

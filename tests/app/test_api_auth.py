@@ -43,6 +43,8 @@ ROUTES = [
     ("PUT", f"/plugins/{NOPE}/env", OWNER, {"env": {"A": "1"}}, 404),
     ("GET", f"/plugins/{NOPE}/advanced-config", VIEWER, None, 404),
     ("PUT", f"/plugins/{NOPE}/advanced-config", OWNER, {"hook_timeout_secs": 5}, 404),
+    ("GET", f"/plugins/{NOPE}/permissions", VIEWER, None, 404),
+    ("POST", f"/plugins/{NOPE}/permissions/approve", OWNER, None, 404),
     ("GET", "/context-engine/metrics", VIEWER, None, 200),
     ("GET", "/context-engine/metrics/summary", VIEWER, None, 200),
     ("GET", "/context-engine/metrics/prometheus", VIEWER, None, 200),

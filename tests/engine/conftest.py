@@ -1,6 +1,7 @@
 import pytest
 
 from engine.home import Home
+from engine.plugins.permissions import MemoryApprovals
 from engine.process import warmstart
 from engine.stack import ContextEngine, EngineDeps
 
@@ -48,9 +49,15 @@ def sinks():
 
 
 @pytest.fixture
-def engine(ehome, sinks):
+def approvals():
+    """The owner's approvals as the `engine` fixture sees them (in the service: the database)."""
+    return MemoryApprovals()
+
+
+@pytest.fixture
+def engine(ehome, sinks, approvals):
     return ContextEngine(EngineDeps(home=ehome, memory=sinks["memory"], invocations=sinks["invocations"],
-                                    stderr=sinks["stderr"]))
+                                    stderr=sinks["stderr"], approvals=approvals))
 
 
 @pytest.fixture

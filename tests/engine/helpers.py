@@ -6,6 +6,8 @@ import os
 import textwrap
 from pathlib import Path
 
+from engine.plugins.loader import manifest_sha256
+from engine.plugins.permissions import MemoryApprovals
 from engine.process.runner import HookCall, HookResult, run_hook
 from engine.process.runtimes import resolve_tag
 
@@ -38,3 +40,8 @@ def pid_alive(pid: int) -> bool:
             return fh.read().split(") ")[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def approve(approvals: MemoryApprovals, plugin_dir: Path) -> None:
+    """Approve the plugin.toml now on disk, as `librefang plugin approve` does (the `approvals` fixture)."""
+    approvals.approve(plugin_dir.name, manifest_sha256((plugin_dir / "plugin.toml").read_text()))

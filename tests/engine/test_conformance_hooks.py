@@ -8,6 +8,7 @@ import json
 from engine import protocol as P
 from engine.home import Home
 from engine.stack import ContextEngine, EngineDeps
+from tests.engine.helpers import approve
 from tests.plugin_factory import make_plugin, write_config
 
 # A hook that stores its request under the data dir, then answers with REPLY (a JSON literal, may use `req`).
@@ -464,7 +465,8 @@ def test_transform_agent_filter_skips_the_hook(engine, ehome, sinks):
     assert engine.handle("transform_tool_result", {"agent_id": "ops-1", "content": "c"}).result["content"] == "X"
 
 
-def test_allowed_secrets_come_from_the_service_environment_and_missing_ones_warn(engine, ehome, sinks, monkeypatch):
+def test_allowed_secrets_come_from_the_service_environment_and_missing_ones_warn(engine, ehome, sinks, monkeypatch,
+                                                                                approvals):
     monkeypatch.setenv("LIBREFANG_SECRET_API_TOKEN", "s3cret")
     monkeypatch.delenv("LIBREFANG_SECRET_MISSING", raising=False)
     monkeypatch.setenv("LIBREFANG_SECRET_NOT_ALLOWED", "x")
@@ -475,6 +477,10 @@ def test_allowed_secrets_come_from_the_service_environment_and_missing_ones_warn
                                    {"content": os.environ.get("LIBREFANG_SECRET_API_TOKEN", "-")}]}))
     """
     single(ehome, "sec", {"ingest": src}, toml_extra='allowed_secrets = ["api_token", "missing"]')
+    reply = engine.handle("ingest", {"message": "x"})  # asked for, not approved: no secret
+    assert [m["content"] for m in reply.result["memories"]] == ["[]", "-"]
+    assert "permissions.unapproved" in sinks["invocations"].items[-1].annotations["warnings"][0]
+    approve(approvals, ehome.plugins_dir / "sec")
     reply = engine.handle("ingest", {"message": "x"})
     assert [m["content"] for m in reply.result["memories"]] == ['["LIBREFANG_SECRET_API_TOKEN"]', "s3cret"]
     assert sinks["invocations"].items[-1].annotations == {

@@ -16,6 +16,7 @@ from engine.plugins.catalog import Catalog
 from engine.plugins.loader import load_plugin
 from engine.plugins.manifest import COMPAT_VERSION, ManifestError, parse_manifest_text
 from engine.plugins.requirements import install_requirements
+from tests.engine.helpers import approve
 from tests.plugin_factory import make_plugin, write_config
 
 ECHO = """
@@ -146,19 +147,24 @@ def test_it_refuses_an_unknown_runtime_instead_of_running_it_as_python():
 # ---- [env] ----
 
 def test_it_expands_whole_value_env_references_and_warns_about_unset_ones(monkeypatch):
-    monkeypatch.setenv("SVC_TOKEN", "t0k")
+    monkeypatch.setenv("SVC_URL", "http://svc")
+    monkeypatch.setenv("NOT_ALLOWED", "x")
     monkeypatch.delenv("NOPE_UNSET", raising=False)
-    out, warnings = expand_env({"A": "${SVC_TOKEN}", "B": "${SVC_TOKEN}/x", "C": "${NOPE_UNSET}", "D": "plain"})
-    assert out == {"A": "t0k", "B": "${SVC_TOKEN}/x", "C": "", "D": "plain"}
+    out, warnings = expand_env({"A": "${SVC_URL}", "B": "${SVC_URL}/x", "C": "${NOPE_UNSET}", "D": "plain",
+                                "E": "${NOT_ALLOWED}"}, allowed={"SVC_URL", "NOPE_UNSET"})
+    assert out == {"A": "http://svc", "B": "${SVC_URL}/x", "C": "", "D": "plain", "E": ""}
     assert warnings == ["[env] C = ${NOPE_UNSET}: NOPE_UNSET is not set in the service environment; passing ''"]
     _, found = parse('name = "p"\n[env]\nC = "${NOPE_UNSET}"\nN = 3\n')
     assert ids(found) == ["manifest.env_unset"]
 
 
-def test_it_passes_env_to_hooks_and_records_the_unset_warning_on_the_trace(engine, ehome, sinks, monkeypatch):
+def test_it_passes_env_to_hooks_and_records_the_unset_warning_on_the_trace(engine, ehome, sinks, monkeypatch,
+                                                                          approvals):
     monkeypatch.delenv("NOPE_UNSET", raising=False)
-    make_plugin(ehome.plugins_dir, "envy", {"ingest": ECHO}, top_extra='[env]\nGREETING = "hi"\nC = "${NOPE_UNSET}"')
-    write_config(ehome.root, plugin="envy")
+    pdir = make_plugin(ehome.plugins_dir, "envy", {"ingest": ECHO},
+                       top_extra='[env]\nGREETING = "hi"\nC = "${NOPE_UNSET}"')
+    approve(approvals, pdir)
+    write_config(ehome.root, plugin="envy", extra='[plugin_env]\nallow = ["NOPE_UNSET"]')
     engine.handle("ingest", {"message": "m", "agent_id": "a"})
     inv = sinks["invocations"].items[-1]
     assert inv.ok and '"GREETING": "hi"' in inv.output_preview

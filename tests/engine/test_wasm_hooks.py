@@ -4,6 +4,7 @@ import shutil
 
 from engine import protocol as P
 from engine import wasm as W
+from tests.engine.helpers import approve
 from tests.fixtures.wasm.wat import compile_wat, fixture_wasm, static_output_wasm
 from tests.plugin_factory import write_config
 
@@ -65,13 +66,16 @@ def test_it_reports_non_utf8_output_as_invalid(ehome, engine):
     assert attempt.failure.kind == P.INVALID_OUTPUT and "UTF-8" in attempt.failure.message
 
 
-def test_it_gates_host_calls_by_manifest_capabilities_and_service_policy(ehome, engine):
+def test_it_gates_host_calls_by_manifest_capabilities_and_service_policy(ehome, engine, approvals):
     wasm_plugin(ehome, "envy", {"ingest": fixture_wasm("host_env_get")}, top_extra='[env]\nGREETING = "hej"\n')
     denied = engine.test_hook("envy", "ingest", {"message": "x", "agent_id": "a"})
     assert denied.failure.kind == W.IMPORT_DENIED and "not declared" in denied.failure.message
     text = (ehome.plugins_dir / "envy" / "plugin.toml").read_text()
     (ehome.plugins_dir / "envy" / "plugin.toml").write_text(
         text.replace("[hooks]", '[wasm]\ncapabilities = ["host:az_env_get"]\n\n[hooks]'))
+    unapproved = engine.test_hook("envy", "ingest", {"message": "x", "agent_id": "a"})
+    assert unapproved.failure.kind == W.IMPORT_DENIED and "not declared" in unapproved.failure.message
+    approve(approvals, ehome.plugins_dir / "envy")
     refused = engine.test_hook("envy", "ingest", {"message": "x", "agent_id": "a"})
     assert refused.failure.kind == W.IMPORT_DENIED and "isolation policy" in refused.failure.message
     write_config(ehome.root, extra='[runtime.wasm]\nallowed_host_calls = ["az::az_env_get"]')
@@ -121,13 +125,18 @@ def test_it_gates_by_the_calls_capabilities_without_rereading_the_manifest(ehome
     assert call(None).ok  # not set on the call: the manifest's
 
 
-def test_hook_calls_carry_the_manifests_wasm_capabilities(ehome):
+def test_hook_calls_carry_the_manifests_wasm_capabilities_once_approved(ehome, approvals):
     from engine.invoke import hook_call_for
     from engine.plugins.catalog import Catalog
+    from engine.plugins.permissions import PermissionPolicy
 
     wasm_plugin(ehome, "envy", {"ingest": fixture_wasm("host_env_get")},
                 top_extra='[wasm]\ncapabilities = ["host:az_env_get"]\n')
-    call = hook_call_for(Catalog(ehome).get("envy"), "ingest", {"message": "x", "agent_id": "a"}, ehome)
+    policy = PermissionPolicy(approvals)
+    call = hook_call_for(Catalog(ehome).get("envy"), "ingest", {"message": "x", "agent_id": "a"}, ehome, policy=policy)
+    assert call.wasm_capabilities == ()
+    approve(approvals, ehome.plugins_dir / "envy")
+    call = hook_call_for(Catalog(ehome).get("envy"), "ingest", {"message": "x", "agent_id": "a"}, ehome, policy=policy)
     assert call.wasm_capabilities == ("host:az_env_get",)
 
 
@@ -179,9 +188,10 @@ def test_it_picks_up_a_replaced_module_on_the_next_call(ehome, engine):
     shutil.rmtree(ehome.plugins_dir / "swap" / "hooks" / ".cache")
 
 
-def test_it_links_az_http_get_only_when_the_plugin_allows_network(ehome, engine):
+def test_it_links_az_http_get_only_when_the_plugin_allows_network(ehome, engine, approvals):
     wasm_plugin(ehome, "netty", {"ingest": fixture_wasm("host_http_get")}, hooks_extra="allow_network = true",
                 top_extra='[wasm]\ncapabilities = ["host:az_http_get"]\n')
+    approve(approvals, ehome.plugins_dir / "netty")
     write_config(ehome.root, extra='[runtime.wasm]\nallowed_host_calls = ["az::az_http_get"]\n'
                                    'allowed_hosts = ["127.0.0.1"]')
     allowed = engine.test_hook("netty", "ingest", {"message": "x", "agent_id": "a"})
@@ -189,6 +199,7 @@ def test_it_links_az_http_get_only_when_the_plugin_allows_network(ehome, engine)
     text = (ehome.plugins_dir / "netty" / "plugin.toml").read_text()
     (ehome.plugins_dir / "netty" / "plugin.toml").write_text(text.replace("allow_network = true",
                                                                           "allow_network = false"))
+    approve(approvals, ehome.plugins_dir / "netty")
     denied = engine.test_hook("netty", "ingest", {"message": "x", "agent_id": "a"})
     assert denied.failure.kind == W.IMPORT_DENIED and "az_http_get" in denied.failure.message
 

@@ -1,6 +1,6 @@
 """`librefang plugin list|show|scaffold|reload|enable|disable|doctor|lint|install|uninstall|update|install-deps|
-test-hook|use|export|state|benchmark|prewarm|registry-search|update-check` against the local installation ($LIBREFANG_HOME
-and the service database).
+test-hook|use|export|state|benchmark|prewarm|registry-search|update-check|permissions|approve` against the local
+installation ($LIBREFANG_HOME and the service database).
 
 Exit codes: 0 ok; 1 the check or hook failed (lint errors, doctor problems, failed test-hook); 2 invalid input;
 3 not found; 4 conflict (already exists, locally modified). Errors go to stderr. `--json` gives machine output.
@@ -79,6 +79,9 @@ class Command(BaseCommand):
         rs.add_argument("query", nargs="?", default="")
         rs.add_argument("--registry", help="registry (default: the first configured)")
         add("update-check", "compare the installed plugin with its source (changes nothing)")
+        add("permissions", "what the plugin asks beyond the defaults, and what changed since its last approved version")
+        ap = add("approve", "approve what the plugin.toml on disk asks beyond the defaults (owner's act, audited)")
+        ap.add_argument("--sha256", help="only if plugin.toml is still this version (from `permissions --json`)")
         use = sub.add_parser("use", help="make plugins the active context engine (none: the default engine)")
         use.add_argument("names", nargs="*")
         use.add_argument("--json", action="store_true")
