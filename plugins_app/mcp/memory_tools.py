@@ -26,7 +26,10 @@ from plugins_app.schemas import (
 from plugins_app.selectors import memories as memory_selectors
 from plugins_app.services import memory as memory_service
 
-ACTOR = "mcp"
+
+def actor(token: ApiToken) -> str:
+    """Who the audit trail says did it (as over REST: plugins_app/api/security.py `actor`)."""
+    return f"token:{token.name}"
 
 
 class MemoryListArgs(BaseModel):
@@ -79,13 +82,13 @@ def _sync(fn):
 def add(args, token):
     body = checked(MemoryIn, "memory_add", args)
     check_agents(token, [body.agent_id])
-    return memory_service.create_memory(body.model_dump(), ACTOR)
+    return memory_service.create_memory(body.model_dump(), actor(token))
 
 
 def put(args, token):
     body = checked(MemoryPutIn, "memory_put", args)
     check_agents(token, [body.agent_id])
-    memory, created = memory_service.put_memory(body.model_dump(), ACTOR)
+    memory, created = memory_service.put_memory(body.model_dump(), actor(token))
     return {**memory, "created": created}
 
 
@@ -116,13 +119,13 @@ def update(args, token):
 
 def delete(args, token):
     return memory_service.delete_memory(memory_selectors.visible_memory(token, checked(
-        MemoryIdArgs, "memory_delete", args).id), ACTOR)
+        MemoryIdArgs, "memory_delete", args).id), actor(token))
 
 
 def delete_scope(args, token):
     a = checked(MemoryScopeArgs, "memory_delete_scope", args)
     check_agents(token, [a.agent_id])
-    return memory_service.delete_scope(a.agent_id, a.peer_id, a.session_id, ACTOR)
+    return memory_service.delete_scope(a.agent_id, a.peer_id, a.session_id, actor(token))
 
 
 def _tool(name: str, description: str, args: type[BaseModel], fn, out: type[BaseModel]) -> ToolDef:
