@@ -315,7 +315,12 @@ def update_check(home: Home, name: str, default_registry: str | None = None,
     target = home.plugin_dir(name)
     if not (target / "plugin.toml").is_file():
         raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
-    installed_version = load_plugin(target, check_integrity=False).manifest.version
+    try:
+        installed_version = load_plugin(target, check_integrity=False).manifest.version
+    except ManifestError as exc:
+        raise InstallError("invalid_manifest", f"the installed plugin.toml of {name!r} is invalid, so there is no "
+                                               f"version to compare: {exc}", 409,
+                           [f.to_dict() for f in exc.findings]) from exc
     if entry is None:
         raise InstallError("not_tracked", f"plugin {name!r} was not installed from a source (no lockfile entry); "
                                           "there is nothing to compare with", 409)
