@@ -126,9 +126,9 @@ def test_a_job_pending_on_a_dead_worker_still_runs_once_and_its_replay_does_not(
     time.sleep(1.0)  # the worker has read it and runs the hook
     svc.kill_worker()
     assert runs(svc, "counted") == []
-    sniffer.r.xadd(stream_of(svc), fields)  # replayed while the first delivery is pending on the dead worker
-    svc.start_worker()  # takes the dead worker's pending job (XCLAIM) once its heartbeat has expired
+    svc.start_worker()  # takes the dead worker's pending job (XCLAIM) once its heartbeat has expired: not a replay
     assert wait_for(lambda: runs(svc, "counted") == ["pending"], timeout=60)
+    sniffer.r.xadd(stream_of(svc), fields)  # and now the same signed job again, as a first delivery
     settled(svc, sniffer.r, timeout=30)
     time.sleep(4)  # a second run would have finished by now
     assert runs(svc, "counted") == ["pending"]
