@@ -60,6 +60,4 @@ ENGINE_FINDINGS: dict[str, str] = {
     "manifest.env_required_missing": "warning: env_schema marks a variable required ('!') but it is not set",
     "manifest.config_default_type": "warning: a [config] default does not match its declared type",
     "manifest.stale": "warning: plugin.toml on disk is invalid; the previous configuration keeps serving",
-    "permissions.unapproved": "warning: the serving plugin.toml asks for more than the defaults and no owner approved "
-                              "this version: its hooks run with the defaults (engine/plugins/permissions.py)",
 }

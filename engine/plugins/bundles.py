@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.filecache import tree_size
 from engine.plugins.manifest import NAME_RE
-from engine.plugins.sources import file_hashes
+from engine.plugins.sources import InstallError, check_size, file_hashes
 
 HASH_LEN = 64
 
@@ -72,6 +72,7 @@ def materialise(cache_root: Path, bundle_hash: str, name: str, blob: bytes) -> P
     tmp = cache_root / f".unpack-{bundle_hash[:12]}-{uuid.uuid4().hex[:8]}"
     try:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+            _check_caps(tar, bundle_hash)
             tar.extractall(tmp / name, filter="data")  # no absolute paths, no links out, no devices
         got = digest(file_hashes(tmp / name))
         if got != bundle_hash:
@@ -88,6 +89,20 @@ def materialise(cache_root: Path, bundle_hash: str, name: str, blob: bytes) -> P
         if tmp.exists():
             _remove(tmp)
     return target
+
+
+def _check_caps(tar: tarfile.TarFile, bundle_hash: str) -> None:
+    """A bundle unpacks to no more than a plugin may bring (engine/plugins/sources.py caps), checked on the
+    archive's headers before anything is written."""
+    count = total = 0
+    for member in tar.getmembers():
+        if member.isfile():
+            count += 1
+            total += member.size
+            try:
+                check_size(count, total, member.size, member.name)
+            except InstallError as exc:
+                raise BundleError(f"bundle {bundle_hash[:12]}: {exc.message}") from exc
 
 
 def cache_usage(cache_root: Path) -> dict:

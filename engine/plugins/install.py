@@ -22,9 +22,11 @@ from engine.plugins import registry as R
 from engine.plugins.loader import load_plugin
 from engine.plugins.manifest import NAME_RE, ManifestError, parse_manifest_text
 from engine.plugins.sources import (  # noqa: F401 - Source, InstallError and check_git_ref are part of this module's API
+    SIGNED_FILES,
     InstallError,
     Source,
     check_git_ref,
+    check_staged,
     copy_tree,
     fetched,
     file_hashes,
@@ -32,6 +34,7 @@ from engine.plugins.sources import (  # noqa: F401 - Source, InstallError and ch
     registry_listing,
     registry_location,
     registry_root,
+    vouched,
 )
 
 LOCK_VERSION = 1
@@ -89,8 +92,9 @@ def local_changes(plugin_dir: Path, recorded: dict[str, str]) -> dict[str, list[
 
 # ---- the operations ----
 
-def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, list[str]]:
-    """Copy src into a staging dir named after the plugin and validate it there (manifest + [integrity])."""
+def _stage(home: Home, src: Path, name: str | None, provenance: dict) -> tuple[Path, Path, str, list[str]]:
+    """Copy src into a staging dir named after the plugin and validate it there (manifest + [integrity], and for a
+    signed registry every file against its index: the provenance's SIGNED_FILES, taken out of it here)."""
     home.plugins_dir.mkdir(parents=True, exist_ok=True)
     staging_root = Path(tempfile.mkdtemp(prefix=".staging-", dir=home.plugins_dir))
     try:
@@ -106,6 +110,7 @@ def _stage(home: Home, src: Path, name: str | None) -> tuple[Path, Path, str, li
             raise InstallError("name_mismatch", f"plugin.toml names the plugin {pname!r}, expected {name!r}")
         staged = staging_root / pname
         skipped = copy_tree(src, staged)
+        check_staged(provenance.pop(SIGNED_FILES, None), pname, staged)
         try:
             load_plugin(staged, check_integrity=True)
         except ManifestError as exc:
@@ -132,7 +137,7 @@ def install(home: Home, source: Source, default_registry: str | None = None,
 
 
 def _install_fetched(home: Home, source: Source, src: Path, provenance: dict) -> dict:
-    staging_root, staged, name, skipped = _stage(home, src, source.name)
+    staging_root, staged, name, skipped = _stage(home, src, source.name, provenance)
     try:
         target = home.plugin_dir(name)
         lock = Lockfile(home)
@@ -168,7 +173,7 @@ def update(home: Home, name: str, force: bool = False, default_registry: str | N
                            409, changes)
     source = Source(**{k: v for k, v in entry["source"].items() if k in Source.__dataclass_fields__})
     with fetched(source, default_registry, registries) as (src, provenance):
-        staging_root, staged, new_name, skipped = _stage(home, src, name)
+        staging_root, staged, new_name, skipped = _stage(home, src, name, provenance)
     try:
         with lock.locked() as data:
             disabled = (target / ".disabled").exists()
@@ -244,7 +249,7 @@ def install_with_dependencies(home: Home, name: str, registry: str | None, defau
     before it stays installed and is reported)."""
     if not NAME_RE.match(name or ""):
         raise InstallError("invalid_name", f"plugin name {name!r} is not allowed")
-    loc = registry_location(registry, default_registry)
+    loc = registry_location(registry, default_registry, registries)
     cfg = R.config_for(registry or default_registry or "", list(registries))
     ref = check_git_ref(ref)
     with registry_root(loc, ref) as (root, prov):
@@ -268,11 +273,7 @@ def install_with_dependencies(home: Home, name: str, registry: str | None, defau
             pdir = root / "plugins" / n
             provenance = dict(prov)
             if listing is not None:
-                try:
-                    R.check_membership(listing, n, pdir, cfg)
-                except R.RegistryError as exc:
-                    raise registry_error(exc) from exc
-                provenance["index_signed"] = listing.signed
+                provenance.update(vouched(listing, n, pdir, cfg))
             source = Source("registry", registry=registry, name=n, ref=ref)
             _install_fetched(home, source, pdir, provenance)
             installed.append(n)
@@ -315,7 +316,12 @@ def update_check(home: Home, name: str, default_registry: str | None = None,
     target = home.plugin_dir(name)
     if not (target / "plugin.toml").is_file():
         raise InstallError("not_found", f"plugin {name!r} is not installed", 404)
-    installed_version = load_plugin(target, check_integrity=False).manifest.version
+    try:
+        installed_version = load_plugin(target, check_integrity=False).manifest.version
+    except ManifestError as exc:
+        raise InstallError("invalid_manifest", f"the installed plugin.toml of {name!r} is invalid, so there is no "
+                                               f"version to compare: {exc}", 409,
+                           [f.to_dict() for f in exc.findings]) from exc
     if entry is None:
         raise InstallError("not_tracked", f"plugin {name!r} was not installed from a source (no lockfile entry); "
                                           "there is nothing to compare with", 409)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
+import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,12 +90,40 @@ def _bool(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
+_GITHUB_SHORT = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_SCP_LIKE = re.compile(r"^(?:[^@/]+@)?([^:/]+):(?!//)(.+)$")  # git@host:owner/repo.git
+
+
+def normalise_location(location: str) -> str:
+    """One spelling per registry, so its key applies however the operator or a caller writes it: a local directory
+    by its real path (`/reg/`, `/x/../reg`, a symlink: the same), a remote one as host/path whatever its scheme,
+    user, default port, trailing slash, `.git` or the case of its host (and of the path on github.com)."""
+    loc = location.strip()
+    if loc.startswith("file://"):
+        loc = urllib.parse.unquote(loc[len("file://"):]) or "/"
+    if loc.startswith(("/", "~")):
+        return os.path.realpath(os.path.expanduser(loc))
+    if _GITHUB_SHORT.match(loc) and not Path(loc).exists():
+        loc = f"https://github.com/{loc}"
+    scp = _SCP_LIKE.match(loc)
+    if scp and "://" not in loc:
+        loc = f"ssh://{scp.group(1)}/{scp.group(2)}"
+    parts = urllib.parse.urlsplit(loc)
+    host = (parts.hostname or "").lower().rstrip(".")
+    port = f":{parts.port}" if parts.port and parts.port not in (22, 80, 443, 9418) else ""
+    path = re.sub(r"/+", "/", parts.path).rstrip("/").removesuffix(".git").rstrip("/")
+    if host in ("github.com", "www.github.com"):
+        host, path = "github.com", path.lower()
+    return f"{host}{port}{path}" if host else loc
+
+
 def config_for(location: str, registries: list[RegistryConfig]) -> RegistryConfig:
-    """The operator's settings for a registry location (a registry nobody configured gets no key)."""
-    for r in registries:
-        if r.location == location:
-            return r
-    return RegistryConfig(location)
+    """The operator's settings for a registry named by its configured name or any spelling of its location (a
+    registry nobody configured gets no key). When it is configured more than once, the entry with a key wins."""
+    wanted = normalise_location(location) if location else ""
+    found = [r for r in registries if r.name == location or (wanted and normalise_location(r.location) == wanted)]
+    keyed = [r for r in found if r.public_key or r.signatures_required]
+    return (keyed or found or [RegistryConfig(location)])[0]
 
 
 # ---- signatures ----
@@ -201,20 +230,26 @@ def _entry(e: dict) -> dict:
             if isinstance(e.get("files"), dict) else {}}
 
 
-def check_membership(listing: Listing, name: str, plugin_dir: Path, cfg: RegistryConfig) -> None:
-    """A signed registry vouches only for what its index lists: the plugin must be there, and the files the
-    entry hashes must match what was fetched."""
+def check_membership(listing: Listing, name: str, files: dict[str, str], cfg: RegistryConfig) -> None:
+    """A signed registry vouches only for what its index lists: the plugin must be there, and every one of its
+    files (`files`: path -> sha256, as engine/plugins/sources.py file_hashes gives them) must be listed in its entry
+    with that hash. A file the index does not list (added after signing) refuses the install, as does a listed one
+    that is missing or differs."""
     if not listing.signed:
         return
+    where = f"the signed {INDEX_FILE} of registry {cfg.name or cfg.location}"
     entry = listing.entry(name)
     if entry is None:
-        raise RegistryError("registry_not_listed", f"plugin {name!r} is not in the signed {INDEX_FILE} of registry "
-                                                   f"{cfg.name or cfg.location}")
-    for rel, digest in entry["files"].items():
-        path = plugin_dir / rel
-        if ".." in Path(rel).parts or path.is_symlink() or not path.is_file():
+        raise RegistryError("registry_not_listed", f"plugin {name!r} is not in {where}")
+    listed = {rel: digest.lower() for rel, digest in entry["files"].items()}
+    unlisted = sorted(set(files) - set(listed))
+    if unlisted:
+        raise RegistryError("registry_file_unlisted", f"{', '.join(unlisted[:5])} of plugin {name!r} "
+                                                      f"{'is' if len(unlisted) == 1 else 'are'} not listed in {where}")
+    for rel, digest in listed.items():
+        if rel not in files:
             raise RegistryError("registry_file_mismatch", f"{rel} is listed in the signed index but missing")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest.lower():
+        if files[rel] != digest:
             raise RegistryError("registry_file_mismatch", f"{rel} does not match its sha256 in the signed index")
 
 

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ServiceError
+from engine.filecache import tree_size
 from engine.plugins import registry as R
 from engine.plugins.manifest import NAME_RE
 
 SKIP_NAMES = {".git", "__pycache__", ".disabled", ".DS_Store"}
+# What one plugin may bring, however it comes (a directory, a git checkout, a registry): the caps hold before
+# anything is written (a git tree is measured before it is checked out: a 412 kB repository can expand to 2 GB).
 MAX_FILES = 5000
 MAX_FILE_BYTES = 50 * 1024 * 1024
+MAX_TOTAL_BYTES = 200 * 1024 * 1024
+MAX_GIT_BYTES = 200 * 1024 * 1024  # the cloned repository itself (.git)
 GIT_TIMEOUT_SECS = 120
 _GITHUB_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
@@ -121,7 +126,7 @@ def file_hashes(root: Path) -> dict[str, str]:
 def copy_tree(src: Path, dst: Path) -> list[str]:
     """Copy regular files and directories only; symlinks are skipped (returned), never followed."""
     skipped: list[str] = []
-    count = 0
+    count = total = 0
     dst.mkdir(parents=True, exist_ok=True)
     for dirpath, dirnames, filenames in os.walk(src):
         rel_dir = Path(dirpath).relative_to(src)
@@ -145,12 +150,21 @@ def copy_tree(src: Path, dst: Path) -> list[str]:
             if not s.is_file():
                 continue
             count += 1
-            if count > MAX_FILES:
-                raise InstallError("too_large", f"the plugin has more than {MAX_FILES} files")
-            if s.stat().st_size > MAX_FILE_BYTES:
-                raise InstallError("too_large", f"{(rel_dir / fname).as_posix()} is larger than {MAX_FILE_BYTES} bytes")
+            size = s.stat().st_size
+            total += size
+            check_size(count, total, size, (rel_dir / fname).as_posix())
             shutil.copy2(s, dst / rel_dir / fname, follow_symlinks=False)
     return skipped
+
+
+def check_size(count: int, total: int, size: int, rel: str) -> None:
+    """InstallError `too_large` once a plugin's files go past a cap (count, one file, all of them)."""
+    if count > MAX_FILES:
+        raise InstallError("too_large", f"the plugin has more than {MAX_FILES} files")
+    if size > MAX_FILE_BYTES:
+        raise InstallError("too_large", f"{rel} is larger than {MAX_FILE_BYTES} bytes")
+    if total > MAX_TOTAL_BYTES:
+        raise InstallError("too_large", f"the plugin's files add up to more than {MAX_TOTAL_BYTES} bytes")
 
 
 def _git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -167,31 +181,58 @@ def _git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
 
 def git_fetch(url: str, ref: str | None, into: Path) -> str:
     """Clone url (at ref) into `into`; returns the commit sha. Whatever the caller checked, url and ref are checked
-    again here, and every git call that carries them ends option parsing first (--end-of-options, git >= 2.24)."""
+    again here, and every git call that carries them ends option parsing first (--end-of-options, git >= 2.24).
+    Nothing is checked out before the commit's tree is measured against the caps (`check_tree`)."""
     check_git_url(url)
     ref = check_git_ref(ref)
-    args = ["clone", "--quiet", "--depth=1"]
+    args = ["clone", "--quiet", "--no-checkout", "--depth=1"]
     if ref:
         args += [f"--branch={ref}"]
     out = _git([*args, "--end-of-options", url, str(into)])
+    target = "HEAD"
     if out.returncode != 0 and ref:
-        # ref may be a commit: full clone, then check it out
+        # ref may be a commit: full clone, then that commit
         shutil.rmtree(into, ignore_errors=True)
-        out = _git(["clone", "--quiet", "--end-of-options", url, str(into)])
-        if out.returncode == 0:
-            # `git checkout` ignores --end-of-options (2.39); `switch --detach` honours it
-            out = _git(["switch", "--quiet", "--detach", "--end-of-options", ref], cwd=into)
+        out = _git(["clone", "--quiet", "--no-checkout", "--end-of-options", url, str(into)])
+        target = ref
+    if out.returncode == 0:
+        out = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{target}^{{commit}}"], cwd=into)
     if out.returncode != 0:
         raise InstallError("git_failed", f"git could not fetch {url}{' at ' + ref if ref else ''}: "
                                          f"{out.stderr.strip()[-500:]}")
-    rev = _git(["rev-parse", "HEAD"], cwd=into)
-    return rev.stdout.strip()
+    rev = out.stdout.strip()
+    if tree_size(str(into / ".git")) > MAX_GIT_BYTES:
+        raise InstallError("too_large", f"the repository at {url} is larger than {MAX_GIT_BYTES} bytes")
+    check_tree(into, rev)
+    # `git checkout` ignores --end-of-options (2.39); `switch --detach` honours it. rev is a commit sha.
+    out = _git(["switch", "--quiet", "--discard-changes", "--detach", "--end-of-options", rev], cwd=into)
+    if out.returncode != 0:
+        raise InstallError("git_failed", f"git could not check out {rev[:12]} of {url}: {out.stderr.strip()[-500:]}")
+    return rev
 
 
-def registry_location(registry: str | None, default: str | None) -> str:
+def check_tree(repo: Path, rev: str) -> None:
+    """The caps (file count, file size, total) applied to a commit's tree as git lists it, before checkout."""
+    out = _git(["ls-tree", "-r", "-l", "-z", "--end-of-options", rev], cwd=repo)
+    if out.returncode != 0:
+        raise InstallError("git_failed", f"git could not list {rev[:12]}: {out.stderr.strip()[-500:]}")
+    count = total = 0
+    for line in out.stdout.split("\0"):
+        meta, _, rel = line.partition("\t")
+        fields = meta.split()
+        if len(fields) == 4 and fields[1] == "blob" and fields[3].isdigit():
+            count += 1
+            total += int(fields[3])
+            check_size(count, total, int(fields[3]), rel)
+
+
+def registry_location(registry: str | None, default: str | None,
+                      registries: Sequence[R.RegistryConfig] = ()) -> str:
+    """Where a registry is: a configured one by its name, else the location given (owner/repo: GitHub)."""
     reg = registry or default
     if not reg:
         raise InstallError("no_registry", "no registry given and none configured ([plugins] registry in config.toml)")
+    reg = next((r.location for r in registries if r.name == reg), reg)
     if _GITHUB_REPO.match(reg) and not Path(reg).exists():
         return f"https://github.com/{reg}.git"
     return reg
@@ -242,7 +283,7 @@ def fetched(source: Source, default_registry: str | None = None,
                 raise InstallError("not_a_plugin", f"{source.url} has no plugin.toml at its root")
             yield root, {"commit": rev}
         elif source.kind == "registry":
-            loc = registry_location(source.registry, default_registry)
+            loc = registry_location(source.registry, default_registry, registries)
             cfg = R.config_for(source.registry or default_registry or "", list(registries))
             with registry_root(loc, source.ref) as (root, prov):
                 pdir = root / "plugins" / (source.name or "")
@@ -250,11 +291,33 @@ def fetched(source: Source, default_registry: str | None = None,
                     raise InstallError("not_found", f"registry {loc} has no plugins/{source.name}/plugin.toml", 404)
                 if cfg.public_key or cfg.signatures_required:
                     listing = registry_listing(root, cfg)
-                    try:
-                        R.check_membership(listing, source.name or "", pdir, cfg)
-                    except R.RegistryError as exc:
-                        raise registry_error(exc) from exc
-                    prov = {**prov, "index_signed": listing.signed}
+                    prov = {**prov, **vouched(listing, source.name or "", pdir, cfg)}
                 yield pdir, prov
         else:  # pragma: no cover - Source.parse forbids it
             raise InstallError("invalid_source", f"unknown source kind {source.kind!r}")
+
+
+SIGNED_FILES = "signed_files"  # provenance key: the files a signed index listed, checked again once staged
+
+
+def vouched(listing: R.Listing, name: str, pdir: Path, cfg: R.RegistryConfig) -> dict:
+    """Provenance of a plugin a signed index must vouch for: checked here (engine/plugins/registry.py
+    check_membership), and its listed files kept to check the staged copy against (what is installed is what was
+    checked, whatever changes in the registry meanwhile)."""
+    try:
+        R.check_membership(listing, name, file_hashes(pdir), cfg)
+    except R.RegistryError as exc:
+        raise registry_error(exc) from exc
+    entry = listing.entry(name) if listing.signed else None
+    return {"index_signed": listing.signed, **({SIGNED_FILES: dict(entry["files"])} if entry else {})}
+
+
+def check_staged(listing_files: dict[str, str] | None, name: str, staged: Path) -> None:
+    """The staged copy of a plugin from a signed index holds exactly the files the index listed."""
+    if listing_files is None:
+        return
+    listing = R.Listing([{"name": name, "files": listing_files}], True, R.INDEX_FILE)
+    try:
+        R.check_membership(listing, name, file_hashes(staged), R.RegistryConfig("", "signed index"))
+    except R.RegistryError as exc:
+        raise registry_error(exc) from exc

@@ -6,8 +6,9 @@ them; a worker XACKs a job only after its outcome is stored. Read it in this ord
 - keys.py      the Redis key names (all under LIBREFANG_REDIS_PREFIX)
 - clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch, one resilient
                subscription loop (the reply listener's, and the live feeds' in plugins_app/events.py)
-- signing.py   the shared key and the HMAC every job and control entry carries
+- signing.py   the shared key and the HMAC every job, control entry and reply carries
 - job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
+- replay.py    at most once per job id: the claim a worker takes on each job it reads, replays refused
 - hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain
 - submit.py    web side: enqueue, submit_and_wait, submit_and_wait_sync (`agent=`: the caller routes by agent)
 - status.py    ping, live workers, queue depth (health, dashboard, CLI)
@@ -34,15 +35,16 @@ from plugins_app.bus.control import prewarm
 from plugins_app.bus.hub import drain, replies_reachable
 from plugins_app.bus.job import JOB_ORIGIN, PINNED_KINDS, Job, job_fields, parse_job
 from plugins_app.bus.keys import GROUP, heartbeat_key, host_stream_key, prefixed_key, reply_key, stream_key
-from plugins_app.bus.signing import bus_key, bus_key_path, sign, signature_ok
+from plugins_app.bus.replay import SEEN_WINDOW_SECS
+from plugins_app.bus.signing import bus_key, bus_key_path, open_reply, seal_reply, sign, signature_ok
 from plugins_app.bus.status import live_workers, ping, queue_stats, worker_alive
 from plugins_app.bus.stream import JobStream
 from plugins_app.bus.submit import enqueue, submit_and_wait, submit_and_wait_sync
 
 __all__ = [
-    "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "BusCapacity", "BusDraining", "BusUnavailable", "Job",
-    "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue", "heartbeat_key", "host_for",
-    "host_stream_key", "job_fields", "live_workers", "parse_job", "ping", "prefixed_key", "prewarm", "queue_stats",
-    "replies_reachable", "reply_key", "sign", "signature_ok", "stream_key", "submit_and_wait", "submit_and_wait_sync",
-    "subscribe_forever", "worker_alive", "worker_host_id",
+    "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "SEEN_WINDOW_SECS", "BusCapacity", "BusDraining",
+    "BusUnavailable", "Job", "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue",
+    "heartbeat_key", "host_for", "host_stream_key", "job_fields", "live_workers", "open_reply", "parse_job", "ping",
+    "prefixed_key", "prewarm", "queue_stats", "replies_reachable", "reply_key", "seal_reply", "sign", "signature_ok",
+    "stream_key", "submit_and_wait", "submit_and_wait_sync", "subscribe_forever", "worker_alive", "worker_host_id",
 ]

@@ -24,6 +24,7 @@ from plugins_app.bus.keys import (
     rehome_lock_key,
     stream_key,
 )
+from plugins_app.bus.replay import seen_key
 from plugins_app.bus.signing import sign, signature_ok
 
 HOSTS_TTL_SECS = 1.0
@@ -123,8 +124,18 @@ def rehome_dead_hosts(r: redis.Redis, consumer: str) -> int:
     return moved
 
 
+# XADD of a moved copy, and its job id's claim (plugins_app/bus/replay.py) handed to the copy in the same step: the
+# copy is the job, not a replay of it.
+_MOVE_SCRIPT = r"""
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('SET', KEYS[2], KEYS[1] .. '|' .. id, 'KEEPTTL') end
+return id
+"""
+
+
 def _rehome(r: redis.Redis, source: str, live: list[str]) -> int:
     moved = 0
+    move = r.register_script(_MOVE_SCRIPT)
     while True:
         entries = [(e, f) for e, f in r.xrange(source, "-", "+", count=100)]
         if not entries:
@@ -141,6 +152,9 @@ def _rehome(r: redis.Redis, source: str, live: list[str]) -> int:
                 target = _stream_of(host_for(str(agent), live) if agent else None)
                 copy["moved"] = "1"
                 copy["sig"] = sign(copy)
+                move(keys=[target, seen_key(copy.get("id", ""))], args=[x for kv in copy.items() for x in kv],
+                     client=pipe)
+                continue
             pipe.xadd(target, copy)
         pipe.execute()
         ids = [e for e, _ in entries]

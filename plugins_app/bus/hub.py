@@ -29,6 +29,7 @@ from plugins_app.bus.clients import (
     subscribe_forever,
 )
 from plugins_app.bus.keys import reply_channel_prefix, reply_key, stream_key
+from plugins_app.bus.signing import open_reply
 
 log = logging.getLogger("librefang.bus")
 
@@ -120,10 +121,17 @@ class Hub:
 
     # -- replies --
 
-    def deliver(self, job_id: str, raw: str) -> None:
+    def deliver(self, job_id: str, sealed: str) -> bool:
+        """Resolve the call waiting for `job_id` with a sealed reply; one that is unsigned, tampered with or meant
+        for another job is dropped (False), and the call waits on for the worker's reply or its deadline."""
+        data = open_reply(job_id, sealed)
+        if data is None:
+            log.error("dropped a reply to job %s: its signature is missing or does not match", job_id[:64])
+            return False
         fut = self.waiters.get(job_id)
         if fut is not None and not fut.done():
-            fut.set_result(json.loads(raw))
+            fut.set_result(json.loads(data))
+        return True
 
     async def _sweep(self) -> None:
         """Replies pushed while we were not subscribed are in their lists."""
@@ -132,10 +140,10 @@ class Hub:
             chunk = ids[start:start + 200]
             pipe = self.r.pipeline(transaction=False)
             for job_id in chunk:
-                pipe.lpop(reply_key(job_id))
-            for job_id, raw in zip(chunk, await pipe.execute(), strict=True):
-                if raw:
-                    self.deliver(job_id, raw)
+                pipe.lrange(reply_key(job_id), 0, -1)
+            for job_id, sealed in zip(chunk, await pipe.execute(), strict=True):
+                if any(self.deliver(job_id, one) for one in sealed or []):
+                    self.delivered.append(reply_key(job_id))
 
     async def _drop_delivered(self) -> None:
         keys, self.delivered = self.delivered, []
@@ -154,9 +162,9 @@ class Hub:
         self.subscribed = False
 
     def _on_reply(self, data: str) -> None:
-        job_id, _, raw = data.partition("\n")
-        self.deliver(job_id, raw)
-        self.delivered.append(reply_key(job_id))
+        job_id, _, sealed = data.partition("\n")
+        if self.deliver(job_id, sealed):
+            self.delivered.append(reply_key(job_id))
 
     async def _on_idle(self, quiet: bool) -> None:
         if len(self.delivered) >= 200 or (quiet and self.delivered):
@@ -167,10 +175,19 @@ class Hub:
             return await asyncio.wait_for(fut, max(0.01, timeout))
         except TimeoutError:
             try:  # last chance: a reply published while the listener was reconnecting
-                raw = await self.r.lpop(reply_key(job_id))
+                pushed = await self.r.lrange(reply_key(job_id), 0, -1)
             except Exception:
-                raw = None
-            return json.loads(raw) if raw else None
+                pushed = []
+            return first_genuine(job_id, pushed)
+
+
+def first_genuine(job_id: str, pushed: list[str]) -> dict | None:
+    """The first reply of a reply list that verifies (whatever else was pushed there), or None."""
+    for sealed in pushed or []:
+        data = open_reply(job_id, sealed)
+        if data is not None:
+            return json.loads(data)
+    return None
 
 
 _hubs: dict[int, Hub] = {}

@@ -32,10 +32,12 @@ class Job:
     bundles: dict[str, str] | None = None  # plugin -> bundle hash to run (plugins_app/services/bundles.py)
     engine_config: str = ""  # config.toml text that goes with `bundles`
     stream: str = ""  # the stream it was read from ("" = the shared one)
+    expires: float = 0.0  # unix time (signed): past it the job never runs, and a replay of it is refused
+    replay: bool = False  # another entry with this job id was read first (plugins_app/bus/replay.py)
 
     @property
     def expired(self) -> bool:
-        return bool(self.deadline) and time.time() > self.deadline
+        return time.time() > (self.expires or self.deadline or float("inf"))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -45,6 +47,9 @@ class Job:
 
 # Jobs that run plugin code name the exact plugin versions, when the operator turned pinning on (multi-host).
 PINNED_KINDS = ("hook", "test_hook")
+# How long a job without a deadline (after_turn, on_event, installs) may wait for a worker before it is dropped as
+# expired: the bound of the at-least-once promise, and of how long a replay of it must be recognised.
+FIRE_AND_FORGET_EXPIRY_SECS = 24 * 3600
 
 
 # Set by a caller (the /mcp server) around its calls: the jobs it queues carry this origin.
@@ -56,13 +61,15 @@ def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, 
     """(job id, the signed fields of its stream entry)."""
     job_id = uuid.uuid4().hex
     now = time.time()
+    deadline = now + deadline_secs if deadline_secs else 0.0
     fields = {
         "id": job_id,
         "kind": kind,
         "hook": hook,
         "plugin": plugin,
         "request": json.dumps(request),
-        "deadline": repr(now + deadline_secs) if deadline_secs else "0",
+        "deadline": repr(deadline) if deadline else "0",
+        "expires": repr(deadline or now + FIRE_AND_FORGET_EXPIRY_SECS),
         "reply": "1" if wants_reply else "0",
         "reply_to": reply_to,
         "enqueued_at": repr(now),
@@ -96,12 +103,13 @@ def parse_job(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream
         request = json.loads(fields.get("request") or "null")
         deadline = float(fields.get("deadline") or 0)
         enqueued_at = float(fields.get("enqueued_at") or 0)
+        expires = float(fields.get("expires") or 0) or deadline or enqueued_at + FIRE_AND_FORGET_EXPIRY_SECS
         bundles = json.loads(fields["bundles"]) if "bundles" in fields else None
         if bundles is not None and not (isinstance(bundles, dict)
                                         and all(isinstance(v, str) for v in bundles.values())):
             raise ValueError("bundles must map plugin names to hashes")
     except ValueError:
-        request, deadline, enqueued_at, signed, bundles = None, 0.0, 0.0, False, None
+        request, deadline, enqueued_at, expires, signed, bundles = None, 0.0, 0.0, 0.0, False, None
     reply_to = fields.get("reply_to", "")
     if reply_to and not reply_to.startswith(reply_channel_prefix()):
         reply_to, signed = "", False
@@ -110,6 +118,6 @@ def parse_job(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream
         hook=fields.get("hook", ""), request=request, deadline=deadline, wants_reply=fields.get("reply") == "1",
         plugin=fields.get("plugin", ""), enqueued_at=enqueued_at, deliveries=deliveries, reply_to=reply_to,
         signed=signed, origin=fields.get("origin", "")[:20], bundles=bundles,
-        engine_config=fields.get("engine_config", ""), stream=stream,
+        engine_config=fields.get("engine_config", ""), stream=stream, expires=expires,
     )
 

@@ -1,4 +1,5 @@
-"""Every job and control entry is signed (HMAC-SHA256): a worker runs nothing it cannot verify.
+"""Every job and control entry is signed (HMAC-SHA256): a worker runs nothing it cannot verify. Every reply is signed
+too (`seal_reply`), over its job id: the web tier hands an agent nothing it cannot verify (`open_reply`).
 
 The key is `$LIBREFANG_HOME/bus_key` (or LIBREFANG_BUS_KEY_FILE), shared by every web process and worker.
 """
@@ -64,3 +65,21 @@ def sign(fields: dict[str, str]) -> str:
 def signature_ok(fields: dict[str, str]) -> bool:
     given = fields.get("sig") or ""
     return bool(given) and hmac.compare_digest(given, sign(fields))
+
+
+def _reply_mac(job_id: str, data: str) -> str:
+    # "reply" first: a reply's signature can never pass for a job's (those sign a JSON list) nor the reverse
+    return hmac.new(bus_key(), b"reply\n" + job_id.encode() + b"\n" + data.encode(), hashlib.sha256).hexdigest()
+
+
+def seal_reply(job_id: str, data: str) -> str:
+    """The reply as it travels: its signature, a newline, the JSON."""
+    return _reply_mac(job_id, data) + "\n" + data
+
+
+def open_reply(job_id: str, sealed: str) -> str | None:
+    """The JSON of a sealed reply to `job_id`; None when it is unsigned, tampered with or meant for another job."""
+    mac, sep, data = sealed.partition("\n")
+    if not sep or len(mac) != 64:
+        return None
+    return data if hmac.compare_digest(mac, _reply_mac(job_id, data)) else None

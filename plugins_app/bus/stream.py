@@ -30,6 +30,8 @@ from plugins_app.bus.keys import (
     reply_key,
     stream_key,
 )
+from plugins_app.bus.replay import mark_replays
+from plugins_app.bus.signing import seal_reply
 
 log = logging.getLogger("librefang.bus")
 
@@ -110,14 +112,14 @@ class JobStream:
             for entry_id, fields in entries:
                 if fields:
                     jobs.append(parse_job(entry_id, fields, stream=name))
-        return self._hold(jobs)
+        return self._hold(mark_replays(self.r, jobs))
 
     def reclaim(self) -> list[Job]:
         """Claim jobs pending on workers that stopped heartbeating, our own orphans, and jobs stuck far too long."""
         claimed: list[Job] = []
         for name in self.streams:
             claimed += self._reclaim_stream(name)
-        return self._hold(claimed)
+        return self._hold(mark_replays(self.r, claimed))
 
     def _reclaim_stream(self, name: str) -> list[Job]:
         claimed: list[Job] = []
@@ -180,8 +182,8 @@ class JobStream:
                 self._deferred.replies.append((job, payload))
 
     def _send_reply(self, job: Job, data: str) -> None:
-        self._reply_script(keys=[reply_key(job.id)], args=[data, REPLY_TTL_SECS, job.reply_to or "", job.id],
-                           client=self.r)
+        self._reply_script(keys=[reply_key(job.id)],
+                           args=[seal_reply(job.id, data), REPLY_TTL_SECS, job.reply_to or "", job.id], client=self.r)
 
     def ack(self, job: Job) -> bool:
         """XACK + XDEL. If Redis is unreachable the ack is kept and retried (the outcome is already stored, so a

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 from plugins_app.bus.affinity import route, route_sync
 from plugins_app.bus.clients import REDIS_DOWN, BusUnavailable, client
-from plugins_app.bus.hub import current_hub
+from plugins_app.bus.hub import current_hub, first_genuine
 from plugins_app.bus.job import job_fields
 from plugins_app.bus.keys import reply_key
 
@@ -59,6 +58,7 @@ def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *
         if left <= 0:
             return None
         got = r.blpop([reply_key(job_id)], timeout=max(0.01, min(left, 5.0)))
-        if got:
-            return json.loads(got[1])
+        reply = first_genuine(job_id, [got[1]]) if got else None
+        if reply is not None:  # anything else pushed there (unsigned, another job's) is dropped: wait on
+            return reply
 

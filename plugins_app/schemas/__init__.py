@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, create_model
+from pydantic import AfterValidator, ConfigDict, Field, create_model, model_validator
 
 from plugins_app.selectors.plugins import PluginSummary
 
@@ -85,8 +85,19 @@ class TestHookIn(Schema):
 
 
 class EngineConfigIn(Schema):
+    """`plugin` or `plugin_stack`; the default engine must be asked for (`{"plugin": null}` or
+    `{"plugin_stack": []}`): an empty or non-object body is a mistake, not a switch."""
+
     plugin: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
     plugin_stack: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(None, max_length=32)
+
+    @model_validator(mode="after")
+    def _names_the_engine(self) -> EngineConfigIn:
+        # ({} and [] both arrive here with no field set)
+        if not self.model_fields_set & {"plugin", "plugin_stack"}:
+            raise ValueError('the body must be a JSON object giving `plugin` or `plugin_stack` ({"plugin": null} '
+                             "selects the default engine)")
+        return self
 
 
 class Open(Schema):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.utils import timezone
@@ -13,6 +12,7 @@ from django.utils import timezone
 from engine import hook_policy
 from engine.filecache import tree_size
 from engine.plugins.catalog import LAST_GOOD_FILE
+from engine.plugins.permissions import masked_env
 from engine.plugins.requirements import VENV_DIRS
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import config_cache, home
@@ -22,7 +22,6 @@ MAX_FILES_LISTED = 500
 # Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
 # loaded (engine/plugins/catalog.py). State routes neither list nor wipe them.
 SERVICE_OWNED = frozenset(VENV_DIRS) | {LAST_GOOD_FILE}
-SECRET_WORDS = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL|PASSWD", re.IGNORECASE)
 
 
 def _manifest(name: str):
@@ -65,10 +64,6 @@ def plugin_state(name: str) -> dict:
             "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0}}
 
 
-def _masked(key: str, value: str) -> str:
-    return "***" if SECRET_WORDS.search(key) else value
-
-
 def plugin_env(name: str) -> dict:
     """[env] (values of keys that look secret masked as ***), env_schema with which keys are present."""
     m = _manifest(name)
@@ -81,7 +76,7 @@ def plugin_env(name: str) -> dict:
         desc = spec.get("description") if isinstance(spec, dict) else spec if isinstance(spec, str) else None
         schema[k] = {"description": desc, "required": required or bool(isinstance(spec, dict) and spec.get("required")),
                      "present": k in m.env}
-    return {"name": name, "env": {k: _masked(k, v) for k, v in sorted(m.env.items())}, "env_schema": schema,
+    return {"name": name, "env": masked_env(dict(sorted(m.env.items()))), "env_schema": schema,
             "enable_shared_state": m.hooks.enable_shared_state, "valid": True}
 
 

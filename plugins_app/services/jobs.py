@@ -21,7 +21,7 @@ from engine import protocol as P
 from engine.plugins.bundles import BundleError
 from engine.ports import CURRENT_ORIGIN
 from plugins_app.batching import take_lingering
-from plugins_app.bus import Job, JobStream
+from plugins_app.bus import SEEN_WINDOW_SECS, Job, JobStream
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
 from plugins_app.services.connections import refresh_connections
@@ -43,12 +43,17 @@ def process(job: Job, stream: JobStream, outcomes: OutcomeWriter | None = None) 
     if not job.signed:
         # Anything on the stream we did not sign (forged by whoever reached Redis, or tampered with) never runs.
         return _reject(job, stream, "signature missing or invalid")
+    if job.replay:
+        # The same signed job XADDed again: another entry claimed this job id first (plugins_app/bus/replay.py).
+        return _reject(job, stream, "replay: another stream entry already carried this job id", "bus.job_replayed")
     if job.deliveries > MAX_DELIVERIES and not JobRecord.objects.filter(job_id=job.id).exists():
         return finish(job, stream, JobRecord.State.FAILED, "", f"gave up after {job.deliveries - 1} deliveries",
                       outcomes)
-    if job.deliveries > 1 and JobRecord.objects.filter(job_id=job.id).exists():
-        # Delivered again after a crash between storing the outcome and XACK: the work is already done.
-        # (A first delivery cannot have been processed before, so it skips this query on the hot path.)
+    if (job.deliveries > 1 or time.time() - job.enqueued_at > SEEN_WINDOW_SECS) \
+            and JobRecord.objects.filter(job_id=job.id).exists():
+        # Delivered again after a crash between storing the outcome and XACK, or older than the replay claims
+        # Redis keeps (a replay of a job that ran long ago): the work is already done. A first delivery of a recent
+        # job cannot have been processed before, so it skips this query on the hot path.
         stream.ack(job)
         return "duplicate"
     if job.expired:
@@ -128,14 +133,13 @@ def finish(job: Job, stream: JobStream, state: str, source: str, reason: str,
     return state
 
 
-def _reject(job: Job, stream: JobStream, why: str) -> str:
+def _reject(job: Job, stream: JobStream, why: str, action: str = "bus.job_rejected") -> str:
     """Drop (XACK + XDEL) an entry we will not run, and leave a trace of it in the log and the audit trail."""
     details = {"entry_id": job.entry_id, "kind": job.kind[:40], "hook": job.hook[:40], "plugin": job.plugin[:128],
-               "why": why}
+               "job_id": job.id[:64], "why": why}
     log.error("dropped job stream entry %s: %s (%s)", job.entry_id, why, details)
     stream.ack(job)
-    audit.record(f"worker:{stream.consumer}", "bus.job_rejected", job.plugin or job.hook, ok=False,
-                 details=details)
+    audit.record(f"worker:{stream.consumer}", action, job.plugin or job.hook, ok=False, details=details)
     return REJECTED
 
 

@@ -85,7 +85,9 @@ def _signed_registry(tmp_path, key, names=("good",), listed=("good",), files=Non
     reg = tmp_path / "reg"
     for n in names:
         make_plugin(reg / "plugins", n, {"ingest": PY_ECHO_INGEST})
-    index = _json.dumps({"plugins": [{"name": n, "version": "0.1.0", **({"files": files} if files else {})}
+    # every file listed with its hash (`files` overrides some), as a signed index must
+    index = _json.dumps({"plugins": [{"name": n, "version": "0.1.0",
+                                      "files": {**file_hashes(reg / "plugins" / n), **(files or {})}}
                                      for n in listed]}).encode()
     (reg / "index.json").write_bytes(index)
     if key is not None:

@@ -289,7 +289,9 @@ def test_it_sets_the_engine_config_preserving_comments(api, home):
     assert api("PUT", "/context-engine/config", {"plugin": "ghost"}).status_code == 400
     assert api("PUT", "/context-engine/config", {"plugin": "a", "plugin_stack": ["b"]}).status_code == 400
     assert api("PUT", "/context-engine/config", {"plugin_stack": "a"}).status_code == 400
-    r = api("PUT", "/context-engine/config", {})
+    assert api("PUT", "/context-engine/config", {}).status_code == 400  # not a switch to the default engine
+    assert api("GET", "/context-engine/config").json()["mode"] == "single"
+    r = api("PUT", "/context-engine/config", {"plugin": None})
     assert r.json()["mode"] == "default"
 
 

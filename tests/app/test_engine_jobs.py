@@ -27,7 +27,7 @@ def job_for(hook, request, deadline_in=60.0):
 
 def reply_of(stream, job):
     raw = stream.r.lrange(bus.reply_key(job.id), 0, -1)
-    return json.loads(raw[0]) if raw else None
+    return json.loads(bus.open_reply(job.id, raw[0])) if raw else None
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ print(json.dumps({"type": "assemble_result", "messages": req["messages"][-1:]}))
 
 
 def _use(live, **body):
-    status, reply = live.request("PUT", "/api/context-engine/config", body)
+    status, reply = live.request("PUT", "/api/context-engine/config", body or {"plugin": None})
     assert status == 200, reply
     return reply
 
