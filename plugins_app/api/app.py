@@ -1,4 +1,4 @@
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Swagger
 
 from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories
 from plugins_app.api import plugins as plugins_api
@@ -43,6 +43,8 @@ api = Api(
     urls_namespace="api",
     openapi_url="/openapi.json",
     docs_url="/docs",
+    # served from django-ninja's own static files ("ninja" in INSTALLED_APPS); no request leaves for a validator
+    docs=Swagger(settings={"validatorUrl": None}),
 )
 install_handlers(api)
 api.add_router("/", health.router)

@@ -176,6 +176,14 @@
   function themeChanged() { syncThemeButtons(); redrawCharts(); }
   if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", themeChanged);
 
+  // ---- confirmations: native <form data-confirm="…"> without htmx (htmx forms use hx-confirm); no inline
+  // handlers anywhere, the Content-Security-Policy allows none ----
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    var msg = form.getAttribute && form.getAttribute("data-confirm");
+    if (msg && !form.hasAttribute("hx-post") && !window.confirm(msg)) ev.preventDefault();
+  }, true);
+
   // ---- small controls: theme toggle, the narrow-screen menu, copy buttons ----
   function closeMenu() {
     var nav = document.getElementById("main-nav");
