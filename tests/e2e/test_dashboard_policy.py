@@ -22,7 +22,7 @@ document.addEventListener("securitypolicyviolation", function (e) {
 });
 """
 PAGES = ["/", "/create/", "/install/", "/engine/", "/engine/mcp/", "/metrics/", "/traces/", "/workers/", "/doctor/",
-         "/tools/", "/tokens/"]
+         "/tools/", "/tokens/", "/alerts/"]
 
 
 def _pages(name: str) -> list[str]:
