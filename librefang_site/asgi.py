@@ -82,5 +82,9 @@ application = ProtocolTypeRouter(
 # cyclic collector, so a full collection no longer walks ~200k objects (≈150 ms holding the GIL, a p99 spike for
 # every call in flight) but only what was made since.
 get_resolver().url_patterns  # noqa: B018 - load the views now, not on the first request
+
+from plugins_app.services import alerts  # noqa: E402
+
+alerts.start_in_background()  # the web tier evaluates and sends alerts (plugins_app/services/alerts.py says why)
 gc.collect()
 gc.freeze()

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "ninja",  # /api/docs from its own static files (Swagger UI), not a CDN
     "plugins_app",
 ]
 

@@ -164,7 +164,7 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
         return
 
 
-METRICS_VIEWS = ("list", "plugin", "engine")
+METRICS_VIEWS = ("list", "plugin", "engine", "chart")  # chart: JSON {"changed": [{"plugin", "hook"}]} for charts
 THROTTLE_SECS = 0.25  # at most one re-render per this interval: a burst of calls becomes one message
 GATHER_SECS = 0.03  # a first change waits only this long for its siblings (one recording batch)
 
@@ -247,6 +247,13 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         self.last_flush = loop.time()
         pending, self.pending = self.pending, {}
         states, self.state_changed = self.state_changed, {}
+        if self.view == "chart":  # static/js/app.js reloads the chart data the change concerns
+            changed = [{"plugin": p, "hook": h} for p, hooks in sorted(pending.items())
+                       for h in sorted({h or "*" for h in hooks} or {"*"})]
+            await self.send(text_data=json.dumps({"changed": changed}))
+            if self.pending:
+                self._schedule()
+            return
         try:
             for html in await sync_to_async(render_metrics_fragments)(self.view, pending, states):
                 await self.send(text_data=html)

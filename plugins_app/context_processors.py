@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.process import sandbox
+from plugins_app import bus
 from plugins_app.selectors import health
 
 
@@ -19,4 +20,11 @@ def service_state(request) -> dict:
     (plugins_app/selectors/health.py outages)."""
     if request.path.startswith("/api/"):
         return {}
-    return {"outages": health.outages()}
+    return {"outages": health.outages(_redis_ok)}
+
+
+def _redis_ok() -> bool:
+    try:
+        return bool(bus.client().ping())
+    except Exception:
+        return False

@@ -226,3 +226,30 @@ class PluginApproval(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["plugin", "manifest_sha256"], name="uniq_plugin_approval")]
         ordering = ["-approved_at", "-id"]
+
+
+class AlertState(models.Model):
+    """Each alert's current state (plugins_app/services/alerts.py), shared by every web process: the process whose
+    update flips it is the one that sends the message, so several processes never send it twice."""
+
+    key = models.CharField(max_length=200, unique=True)  # "plugin_failing:<plugin>:<hook>", "queue_lag", …
+    rule = models.CharField(max_length=40)
+    firing = models.BooleanField(default=False)
+    value = models.FloatField(null=True, blank=True)  # the figure measured last (queue lag, live workers, …)
+    summary = models.TextField(blank=True)
+    since = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class AlertEvent(models.Model):
+    """An alert that fired or resolved (or a test message), and what each webhook answered: the alert history."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    key = models.CharField(max_length=200)
+    rule = models.CharField(max_length=40)
+    status = models.CharField(max_length=10)  # "firing" | "resolved" | "test"
+    summary = models.TextField()
+    deliveries = models.JSONField(default=list)  # [{"url", "format", "ok", "status" | "error"}]
+
+    class Meta:
+        ordering = ["-at"]

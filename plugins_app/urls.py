@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from plugins_app.api import api
+from plugins_app.views import alerts as alert_views
 from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
 from plugins_app.views import mcp as mcp_views
@@ -56,6 +57,8 @@ urlpatterns = [
     path("traces/", monitoring_views.traces_page, name="traces"),
     path("traces/<str:trace_id>/", monitoring_views.trace_detail, name="trace_detail"),
     path("workers/", monitoring_views.workers_page, name="workers"),
+    path("alerts/", alert_views.alerts_page, name="alerts"),
+    path("alerts/test/", alert_views.alerts_test, name="alerts_test"),
     # WASM tools
     path("tools/", tool_views.tools_page, name="tools"),
     path("tools/install/", tool_views.tool_install, name="tool_install"),

@@ -1,4 +1,4 @@
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Swagger
 
 from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories, tokens
 from plugins_app.api import permissions as permissions_api
@@ -46,6 +46,8 @@ api = Api(
     urls_namespace="api",
     openapi_url="/openapi.json",
     docs_url="/docs",
+    # served from django-ninja's own static files ("ninja" in INSTALLED_APPS); no request leaves for a validator
+    docs=Swagger(settings={"validatorUrl": None}),
 )
 install_handlers(api)
 api.add_router("/", health.router)

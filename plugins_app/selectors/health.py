@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.db import connection
 
@@ -45,9 +46,10 @@ OUTAGE_CHECK_SECS = 2.0
 _outage_cache: tuple[float, list[dict]] = (0.0, [])
 
 
-def outages() -> list[dict]:
-    """What is down, as the web process sees it, and what agents get meanwhile: the banner on every dashboard page.
-    Checked at most every OUTAGE_CHECK_SECS per process (a page render must not wait on a dead Redis each time)."""
+def outages(redis_ok: Callable[[], bool]) -> list[dict]:
+    """What is down, as the web process sees it (`redis_ok` pings Redis), and what agents get meanwhile: the banner
+    on every dashboard page. Checked at most every OUTAGE_CHECK_SECS per process (a page render must not wait on a
+    dead Redis each time)."""
     global _outage_cache
     at, found = _outage_cache
     if time.monotonic() - at < OUTAGE_CHECK_SECS:
@@ -66,15 +68,6 @@ def outages() -> list[dict]:
                       "dashboard": "Figures on this page may be missing or old."})
     _outage_cache = (time.monotonic(), found)
     return found
-
-
-def redis_ok() -> bool:
-    from plugins_app import bus
-
-    try:
-        return bool(bus.client().ping())
-    except Exception:
-        return False
 
 
 def failing_plugins() -> dict | None:

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine import quantiles
-from plugins_app.models import HookMetric
+from plugins_app.models import AlertState, HookMetric
 
 # Fixed `le` bounds (ms) of the exposed histogram, so Prometheus can aggregate across instances; counts are read
 # from each row's latency sketch (engine/quantiles.py). Exact quantiles are exposed as a separate gauge family.
@@ -68,8 +68,30 @@ class _HookMetrics:
         yield from (calls, errors, latency, duration, quantile, console)
 
 
+class _AlertGauges:
+    """Alert states and the figures the web tier's alert evaluator measured last (plugins_app/services/alerts.py,
+    every few seconds): queue lag and live workers, so Grafana users can alert on them instead."""
+
+    FIGURES = {"queue_lag": ("librefang_queue_lag", "Jobs in the queue not yet delivered to a worker."),
+               "no_live_worker": ("librefang_workers_live", "Workers with a live heartbeat."),
+               "redis_unreachable": ("librefang_redis_unreachable", "1 while Redis does not answer the web tier."),
+               "fallback_rate": ("librefang_fallback_rate", "Share of calls answered by the default engine, 10 min.")}
+
+    def collect(self):
+        firing = GaugeMetricFamily("librefang_alert_firing", "1 while the alert fires.", labels=["rule", "alert"])
+        figures = {key: GaugeMetricFamily(name, text) for key, (name, text) in self.FIGURES.items()}
+        for state in AlertState.objects.all():
+            firing.add_metric([state.rule, state.key], 1.0 if state.firing else 0.0)
+            if state.key in figures and state.value is not None:
+                figures[state.key].add_metric([], state.value)
+        yield firing
+        yield from (f for f in figures.values() if f.samples)
+
+
 def prometheus() -> str:
-    """Text exposition format 0.0.4 (CONTENT_TYPE_LATEST): counters per plugin/hook and a latency histogram."""
+    """Text exposition format 0.0.4 (CONTENT_TYPE_LATEST): counters per plugin/hook and a latency histogram, and
+    the alert, queue and worker gauges."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_HookMetrics())
+    registry.register(_AlertGauges())
     return generate_latest(registry).decode("utf-8")

@@ -176,6 +176,14 @@
   function themeChanged() { syncThemeButtons(); redrawCharts(); }
   if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", themeChanged);
 
+  // ---- confirmations: native <form data-confirm="…"> without htmx (htmx forms use hx-confirm); no inline
+  // handlers anywhere, the Content-Security-Policy allows none ----
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    var msg = form.getAttribute && form.getAttribute("data-confirm");
+    if (msg && !form.hasAttribute("hx-post") && !window.confirm(msg)) ev.preventDefault();
+  }, true);
+
   // ---- small controls: theme toggle, the narrow-screen menu, copy buttons ----
   function closeMenu() {
     var nav = document.getElementById("main-nav");
@@ -255,9 +263,31 @@
   function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
   var RANGE_WORDS = { "15m": "last 15 min", "1h": "last hour", "24h": "last 24 h", "7d": "last 7 days" };
 
+  var SPANS = { "15m": 900, "1h": 3600, "24h": 86400, "7d": 604800 };
   function chartState(card) {
-    if (!card._lf) card._lf = { range: card.getAttribute("data-range") || "1h", from: null, to: null, plots: [], data: null };
+    if (!card._lf) {
+      // the range is part of the page's URL (?range=, or ?from=&to=): shareable, and kept on reload
+      var q = new URLSearchParams(location.search);
+      var range = q.get("range") in SPANS ? q.get("range") : card.getAttribute("data-range") || "1h";
+      var from = parseInt(q.get("from"), 10), to = parseInt(q.get("to"), 10);
+      if (from > 0 && to > from) range = "custom";
+      card._lf = { range: range, from: range === "custom" ? from : null, to: range === "custom" ? to : null,
+                   plots: [], data: null };
+      pressRange(card, range);
+    }
     return card._lf;
+  }
+  function pressRange(card, range) {
+    card.querySelectorAll("[data-range-btn]").forEach(function (b) {
+      b.setAttribute("aria-pressed", b.getAttribute("data-range-btn") === range ? "true" : "false");
+    });
+  }
+  // The x-axis of a relative range ends now, whatever the data's last fetch said.
+  function xWindow(card) {
+    var st = chartState(card), d = st.data;
+    if (st.range === "custom" || !SPANS[st.range]) return d ? [d.start, d.end] : [st.from, st.to];
+    var now = Date.now() / 1000;
+    return [now - SPANS[st.range], now];
   }
 
   function chartUrl(card) {
@@ -337,12 +367,15 @@
     card.setAttribute("data-to", String(d.end));
     card.setAttribute("data-points", String(d.t.length));
     card.setAttribute("data-loaded-range", d.range);
-    var xRange = function () { return [d.start, d.end]; };
+    var newest = null;
+    for (var i = d.t.length - 1; i >= 0; i--) { if (d.calls[i] || d.test_console_calls[i]) { newest = d.t[i]; break; } }
+    card.setAttribute("data-newest-bucket", newest === null ? "" : String(newest));
+    var xRange = function () { return xWindow(card); };
     var latency = [d.t, d.p50_ms, d.p95_ms, d.p99_ms];
     var calls = [d.t, d.calls, d.errors, d.test_console_calls];
     if (st.plots.length === 2 && st.theme === currentTheme()) {
-      st.plots[0].setData(latency, false); st.plots[0].setScale("x", { min: d.start, max: d.end });
-      st.plots[1].setData(calls, false); st.plots[1].setScale("x", { min: d.start, max: d.end });
+      st.plots[0].setData(latency); st.plots[1].setData(calls);  // y scales refit (p99 included)
+      followClock(card);
       return;
     }
     st.plots.forEach(function (p) { p.destroy(); });
@@ -351,18 +384,22 @@
     var w = function (el) { return Math.max(260, el.clientWidth); };
     var h = window.innerWidth < 600 ? 180 : 220;
     var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.8, 40] }) : undefined;
+    // A bucket between empty ones is a dot (a line needs two points); short series show every point.
+    var points = { show: true, filter: function (u, si) { return d.t.length < 80 ? null : isolated(u.data[si]); } };
+    var zoom = { drag: { x: true, y: false, setScale: false } };
     var p1 = new window.uPlot({
-      width: w(latEl), height: h, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.1 : 1]; } } },
+      width: w(latEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }] },
+      scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.1 : 1]; } } },
       series: [
         { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
-        { label: "p50", stroke: cssVar("--c-p50"), width: 2, value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
-        { label: "p95", stroke: cssVar("--c-p95"), width: 1.5, value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
-        { label: "p99", stroke: cssVar("--c-p99"), width: 1.5, dash: [5, 4], value: function (u, v) { return fmtMs(v); }, points: { show: d.t.length < 80 } },
+        { label: "p50", stroke: cssVar("--c-p50"), width: 2, value: function (u, v) { return fmtMs(v); }, points: points },
+        { label: "p95", stroke: cssVar("--c-p95"), width: 1.5, value: function (u, v) { return fmtMs(v); }, points: points },
+        { label: "p99", stroke: cssVar("--c-p99"), width: 1.5, dash: [5, 4], value: function (u, v) { return fmtMs(v); }, points: points },
       ],
       axes: axes(axisMs),
     }, latency, latEl);
     var p2 = new window.uPlot({
-      width: w(callEl), height: h, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
+      width: w(callEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }] }, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
       series: [
         { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
         { label: "calls", stroke: cssVar("--c-calls"), fill: cssVar("--c-calls") + "55", paths: bars, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
@@ -372,6 +409,7 @@
       axes: axes(function (v) { return v === null ? "" : fmtCount(v); }, COUNT_INCRS),
     }, calls, callEl);
     st.plots = [p1, p2];
+    followClock(card);
     if (!card._lfResize && window.ResizeObserver) {
       card._lfResize = new ResizeObserver(function () {
         chartState(card).plots.forEach(function (p, i) {
@@ -381,6 +419,31 @@
       });
       card._lfResize.observe(card);
     }
+  }
+
+  function isolated(values) {
+    var out = [];
+    for (var i = 0; i < values.length; i++) {
+      if (values[i] !== null && values[i] !== undefined && (i === 0 || values[i - 1] === null)
+          && (i === values.length - 1 || values[i + 1] === null)) out.push(i);
+    }
+    return out;
+  }
+
+  // Move the x-axis to the clock (relative ranges), and say where it ends (data-axis-to) for people and tests.
+  function followClock(card) {
+    var st = chartState(card), win = xWindow(card);
+    st.plots.forEach(function (p) { p.setScale("x", { min: win[0], max: win[1] }); });
+    card.setAttribute("data-axis-from", String(Math.round(win[0])));
+    card.setAttribute("data-axis-to", String(Math.round(win[1])));
+  }
+
+  // Drag across a chart to zoom: the selection becomes a custom range (in the URL too); a range button goes back.
+  function zoomTo(card, u) {
+    if (u.select.width < 5) return;
+    var from = Math.floor(u.posToVal(u.select.left, "x")), to = Math.ceil(u.posToVal(u.select.left + u.select.width, "x"));
+    u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+    if (to - from >= 60) setRange(card, "custom", from, to);
   }
 
   function redrawCharts() {
@@ -394,9 +457,12 @@
   function setRange(card, range, from, to) {
     var st = chartState(card);
     st.range = range; st.from = from || null; st.to = to || null;
-    card.querySelectorAll("[data-range-btn]").forEach(function (b) {
-      b.setAttribute("aria-pressed", b.getAttribute("data-range-btn") === range ? "true" : "false");
-    });
+    pressRange(card, range);
+    var u = new URL(location.href);
+    ["range", "from", "to"].forEach(function (k) { u.searchParams.delete(k); });
+    if (range === "custom") { u.searchParams.set("from", String(st.from)); u.searchParams.set("to", String(st.to)); }
+    else u.searchParams.set("range", range);
+    history.replaceState(history.state, "", u.toString());
     loadChart(card);
   }
 
@@ -425,10 +491,18 @@
       loadChart(card);
     });
   }
-  // Live: relative ranges slide forward (a custom range is fixed, nothing to refresh).
-  // Longer ranges move slowly and cost more to read: refresh them less often.
+  // Live: the axis of a relative range moves with the clock every second; the data is fetched again when the
+  // metrics websocket says a plugin/hook the chart shows moved (at most every 2 s), and in any case every
+  // REFRESH_MS (×4 for 24 h, ×20 for 7 d: they move slowly and cost more to read). A custom range is fixed.
   var REFRESH_EVERY = { "15m": 1, "1h": 1, "24h": 4, "7d": 20 };
   var ticks = 0;
+  setInterval(function () {
+    if (document.visibilityState !== "visible") return;
+    document.querySelectorAll("[data-chart]").forEach(function (card) {
+      var st = chartState(card);
+      if (st.plots.length && st.range !== "custom") followClock(card);
+    });
+  }, 1000);
   setInterval(function () {
     ticks += 1;
     if (document.visibilityState !== "visible") return;
@@ -437,6 +511,27 @@
       if (every && ticks % every === 0) loadChart(card);
     });
   }, REFRESH_MS);
+
+  function chartConcerns(card, change) {
+    var src = new URL(card.getAttribute("data-src"), location.href).searchParams;
+    var plugin = src.get("plugin") || "", hook = src.get("hook") || "";
+    return change.plugin === "*" || ((!plugin || change.plugin === plugin) && (!hook || change.hook === hook || change.hook === "*"));
+  }
+  function watchMetrics() {
+    if (!document.querySelector("[data-chart]") || !window.WebSocket) return;
+    var url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/metrics/?view=chart";
+    var sock = new WebSocket(url);
+    sock.onmessage = function (ev) {
+      var changed;
+      try { changed = JSON.parse(ev.data).changed || []; } catch (e) { return; }
+      document.querySelectorAll("[data-chart]").forEach(function (card) {
+        var st = chartState(card);
+        if (st.range === "custom" || st.pendingLoad || !changed.some(function (c) { return chartConcerns(card, c); })) return;
+        st.pendingLoad = setTimeout(function () { st.pendingLoad = null; loadChart(card); }, 2000);
+      });
+    };
+    sock.onclose = function (ev) { if (ev.code !== 4401 && ev.code !== 4403) setTimeout(watchMetrics, 3000); };
+  }
 
   function fillTimezone() {
     document.querySelectorAll("[data-tz-offset]").forEach(function (el) {
@@ -450,6 +545,7 @@
     syncThemeButtons();
     fillTimezone();
     initCharts(document);
+    watchMetrics();
   }
   // The ws extension connects on htmx's load; our factory must be in place first (scripts are deferred in order).
   installSocketFactory();

@@ -174,13 +174,6 @@
     }
   }
 
-  // ---- confirmations: native <form data-confirm="…"> without htmx (htmx forms use hx-confirm) ----
-  document.addEventListener("submit", function (ev) {
-    var form = ev.target;
-    var msg = form.getAttribute && form.getAttribute("data-confirm");
-    if (msg && !form.hasAttribute("hx-post") && !window.confirm(msg)) ev.preventDefault();
-  }, true);
-
   // ---- the test console keeps keyboard focus on its Run button after a run ----
   var focusAfterRun = null;
   document.addEventListener("htmx:beforeRequest", function (ev) {

@@ -50,7 +50,7 @@ def _lines(page) -> list[str]:
 
 
 def _wait_ws(page, count: int = 1) -> None:
-    page.wait_for_function(f"(parseInt(document.body.getAttribute('data-ws-open')) || 0) >= {count}",
+    page.wait_for_function(f"() => (parseInt(document.body.getAttribute('data-ws-open')) || 0) >= {count}",
                            timeout=WAIT_MS)
 
 
@@ -313,7 +313,7 @@ def test_it_screenshots_every_page_at_desktop_and_phone_widths_in_both_color_sch
                 if name == "engine":
                     expect(page.locator("#engine-health")).to_contain_text("Redis", timeout=WAIT_MS)
                 if name.startswith("metrics") or name == "workers":
-                    page.wait_for_function("document.querySelector('[data-chart]').hasAttribute('data-to')",
+                    page.wait_for_function("() => document.querySelector('[data-chart]').hasAttribute('data-to')",
                                            timeout=WAIT_MS)
                 no_overflow = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
                 page.screenshot(path=str(screenshot_dir / f"{name}-{suffix}.png"), full_page=True)

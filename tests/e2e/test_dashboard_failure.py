@@ -3,12 +3,13 @@ failing wherever it is named, pages survive Redis going away, a SIGKILLed worker
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 import pytest
 
-from tests.plugin_factory import make_plugin, write_config
+from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 30_000
@@ -76,7 +77,7 @@ def test_it_shows_the_crashing_engine_plugin_failing_on_every_panel(live, logged
 
 
 PAGES = ["/", "/engine/", "/metrics/", "/traces/", "/workers/", "/doctor/", "/tools/", "/tokens/", "/create/",
-         "/install/", "/engine/mcp/"]
+         "/install/", "/engine/mcp/", "/alerts/"]
 
 
 def _login(browser, url: str, password: str, width: int = 1280):
@@ -167,3 +168,89 @@ def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path,
         if context is not None:
             context.close()
         service.kill_everything()
+
+
+class Receiver:
+    """A local webhook receiver: every POST's path, headers and body, in order."""
+
+    def __init__(self):
+        import http.server
+
+        self.got: list[dict] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                data = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                outer.got.append({"path": self.path, "headers": dict(self.headers), "body": data})
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, test, timeout: float = 60) -> list[dict]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = [m for m in self.got if test(m)]
+            if found:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"no such webhook call within {timeout}s; got {self.got[-5:]}")
+
+
+def test_it_sends_an_alert_when_a_plugin_fails_and_a_resolved_one_after(live, logged_in_page, screenshot_dir):
+    receiver = Receiver()
+    name = f"alerting-{uuid.uuid4().hex[:6]}"
+    pdir = make_plugin(live.home / "plugins", name, {"ingest": CRASHING_INGEST})
+    key = f"plugin_failing:{name}:ingest"
+    write_config(live.home, plugin=name, extra=f"""
+        [alerts]
+        every_secs = 1
+        [[alerts.webhooks]]
+        url = "{receiver.url}/json"
+        format = "json"
+        [[alerts.webhooks]]
+        url = "{receiver.url}/slack"
+        format = "slack"
+        [[alerts.webhooks]]
+        url = "{receiver.url}/ntfy"
+        format = "ntfy"
+        """)
+    try:
+        for i in range(4):
+            assert live.hook("ingest", {"agent_id": "al", "message": f"m{i}", "peer_id": "u"})[1]["source"] == "default"
+        fired = receiver.wait_for(lambda m: m["path"] == "/json" and json.loads(m["body"])["alert"] == key)
+        assert json.loads(fired[0]["body"])["status"] == "firing"
+        assert receiver.wait_for(lambda m: m["path"] == "/slack" and name in m["body"] and "[FIRING]" in m["body"])
+        ntfy = receiver.wait_for(lambda m: m["path"] == "/ntfy" and name in m["body"])
+        assert ntfy[0]["headers"]["Title"] == "LibreFang firing: plugin_failing"
+        time.sleep(3)  # evaluated again and again meanwhile: still one message per webhook (deduplicated)
+        assert len([m for m in receiver.got if m["path"] == "/json" and key in m["body"]]) == 1
+        status, text = live.request("GET", "/api/context-engine/metrics/prometheus")
+        assert f'librefang_alert_firing{{alert="{key}",rule="plugin_failing"}} 1.0' in text, text[-2000:]
+        # fixed: its calls succeed again, the failures fall under half of them, and the alert resolves
+        (pdir / "hooks" / "ingest.py").write_text(PY_ECHO_INGEST)
+        for i in range(6):
+            assert live.hook("ingest", {"agent_id": "al", "message": f"ok{i}", "peer_id": "u"})[1]["source"] == name
+        resolved = receiver.wait_for(lambda m: m["path"] == "/json" and key in m["body"]
+                                     and json.loads(m["body"])["status"] == "resolved")
+        assert "no longer failing" in json.loads(resolved[0]["body"])["summary"]
+        page = logged_in_page
+        page.goto(live.url + "/alerts/")
+        assert page.locator(f"#alert-history tr[data-key='{key}'][data-event=firing]").count() == 1
+        assert page.locator(f"#alert-history tr[data-key='{key}'][data-event=resolved]").count() == 1
+        page.click("text=Send a test message")
+        page.wait_for_selector("[data-test-sent]", timeout=WAIT_MS)
+        assert "3 webhooks" in page.inner_text("[data-test-sent]")
+        receiver.wait_for(lambda m: m["path"] == "/slack" and "[TEST]" in m["body"])
+        _shot(page, screenshot_dir, "alerts-page")
+    finally:
+        write_config(live.home)
+        receiver.server.shutdown()
