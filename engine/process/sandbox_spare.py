@@ -21,7 +21,17 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import bind_kept, prepare_view
-from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, await_init, identity_pipes, send_ids
+from .sandbox_tree import (
+    _become_init,
+    _fork,
+    _init,
+    _keep,
+    _wait_for,
+    await_init,
+    fork_hook,
+    identity_pipes,
+    send_ids,
+)
 
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
@@ -68,7 +78,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
         os._exit(SETUP_FAILED)
     for_init, for_hook = identity_pipes()
-    hook_pid = _fork()
+    hook_pid = fork_hook()
     if hook_pid:
         for fd in for_hook:
             os.close(fd)

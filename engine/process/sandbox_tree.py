@@ -66,6 +66,18 @@ def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
 # Sent by a python hook forked warm to its init (pid 1) once it is done and has closed its stdio, just before its
 # _exit: "exited 0" (engine/process/warmstart_zygote.py `_finalize`). Any other status goes the usual way.
 HOOK_DONE = signal.SIGRTMIN
+# What init waits for. Blocked before the hook is forked: a hook that says it is done before init has blocked
+# HOOK_DONE would otherwise lose the signal (pid 1 drops a signal it has no handler for) and run to its timeout.
+INIT_WAITS = frozenset({signal.SIGCHLD, HOOK_DONE})
+
+
+def fork_hook() -> int:
+    """Fork the hook's process from init, with init's signals already blocked; the hook gets its mask back."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, INIT_WAITS)
+    pid = _fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INIT_WAITS)
+    return pid
 
 
 def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple | None = None) -> None:
@@ -86,8 +98,8 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple
     _close_all_but(status_w, report_fd, *(ids or ()))
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    waited = {signal.SIGCHLD, HOOK_DONE}
-    signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # queued, not lost: init ignores what it does not handle
+    waited = INIT_WAITS
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # (already blocked by fork_hook) queued, not lost
     if ids is not None:
         ids_r, ack_w = ids
         _drop_to(_receive_ids(ids_r), status_w)
@@ -260,7 +272,7 @@ def _split_keeper_init_hook(lib, done_fd: int | None, ids: tuple = (-1, -1)) -> 
         _keep(init_pid, status_r, done_fd)
     os.close(status_r)
     _become_init(lib, status_w)
-    hook_pid = _fork()
+    hook_pid = fork_hook()
     if hook_pid:
         _drop_to(ids, status_w)
         _init(hook_pid, status_w)
