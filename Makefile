@@ -40,8 +40,8 @@ test: $(READY)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run plugins_app >/dev/null
 	$(BIN)/pytest $(PYTEST_ARGS)
-	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
-	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py  # and below the python spare (a machine without a C compiler)
+	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
+	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # and below the python spare (a machine without a C compiler)
 	@# The memory store's full-text search again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
 	@# a per-run database name so parallel runs never share Django's test database.
 	@if $(BIN)/python -c "import psycopg; psycopg.connect('$(PG_URL)', connect_timeout=3).close()" 2>/dev/null; then \
