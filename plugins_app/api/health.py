@@ -33,6 +33,7 @@ class HealthOut(Schema):
     queue: QueueOut | None
     last_read_age_secs: float | None  # since any worker last read the stream
     supervisor: dict[str, Any] | None  # `librefang start`'s children, when it runs
+    sandbox: dict[str, Any]  # {"degraded": bool, "reasons": [...]}: hooks run with less than docs/security.md says
 
 
 @router.get("/health", auth=None, response={200: HealthOut, 503: HealthOut})
@@ -53,5 +54,6 @@ async def health(request):
     status, problems = H.assess(redis_ok=redis_ok, db_ok=db_ok, workers=workers, queue=queue or {},
                                 read_age=read_age, supervisor_doc=supervisor)
     body = {"status": status, "problems": problems, "web": True, "redis": redis_ok, "database": db_ok,
-            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor}
+            "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor,
+            "sandbox": H.sandbox_state(workers)}
     return json_response(body, 200 if status == "ok" else 503)
