@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.filecache import FileCache
 
@@ -63,12 +63,29 @@ class PluginEnv(BaseModel):
     allow: list[str] = Field(default_factory=list)
 
 
+class SandboxConfig(BaseModel):
+    """`[sandbox]`: the host identities hooks run as when the service is root (engine/process/identity.py). A plugin's
+    hooks get uid = gid = uid_base + a stable slot of its name among uid_count; `uid_count = 1` gives every plugin
+    uid_base (e.g. 65534, nobody). The range must be free on the host (no user, no other service uses it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    uid_base: int = Field(default=1_800_000_000, ge=1, le=4_294_967_294)
+    uid_count: int = Field(default=10_000_000, ge=1)
+
+    @model_validator(mode="after")
+    def _in_range(self) -> SandboxConfig:
+        if self.uid_base + self.uid_count - 1 > 4_294_967_294:
+            raise ValueError("[sandbox] uid_base + uid_count - 1 must stay below 4294967295")
+        return self
+
+
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
     context_engine: ContextEngineConfig = Field(default_factory=ContextEngineConfig)
     llm: LlmConfig = Field(default_factory=LlmConfig)
     limits: Limits = Field(default_factory=Limits)
     plugin_env: PluginEnv = Field(default_factory=PluginEnv)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     error: str | None = None
 
 

@@ -23,6 +23,7 @@ from engine.plugins.catalog import CatalogEntry
 from engine.plugins.manifest import env_reference
 from engine.plugins.permissions import BASELINE_MEMORY_MB, BASELINE_PROCESSES, PermissionPolicy, service_own
 from engine.ports import Invocation, InvocationSink, StderrSink
+from engine.process import hook_dirs, identity
 from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
 from engine.process.runner import process_runtime
 from engine.protocol import Failure
@@ -189,20 +190,19 @@ def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResu
 
 
 def write_config_file(plugin: Any, home: Home):
-    """`[config]` defaults written to a JSON file named by LIBREFANG_PLUGIN_CONFIG (only rewritten when changed)."""
+    """`[config]` defaults written to a JSON file named by LIBREFANG_PLUGIN_CONFIG (only rewritten when changed). The
+    data directory is the hook's to write: read and written without following its links (engine/process/hook_dirs.py)."""
     if not plugin.manifest.config:
         return None
     data = json.dumps({k: f.default for k, f in plugin.manifest.config.items()}, sort_keys=True)
-    path = home.data_dir(plugin.name) / "plugin_config.json"
+    data_dir = home.data_dir(plugin.name)
     try:
-        if not path.exists() or path.read_text() != data:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(data)
-            tmp.replace(path)
-    except OSError:
+        if hook_dirs.read_private(data_dir, "plugin_config.json") != data:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            hook_dirs.write_private(data_dir, "plugin_config.json", data, identity.plugin_ids(home.root, plugin.name))
+    except (OSError, ValueError):
         return None
-    return path
+    return data_dir / "plugin_config.json"
 
 
 _state_locks: dict[str, threading.Lock] = {}
@@ -211,16 +211,11 @@ _state_locks_guard = threading.Lock()
 
 def shared_state_file(home: Home, plugin: str, agent_id: str) -> Path:
     """`enable_shared_state`: one JSON file per plugin and agent, created as {} (LIBREFANG_STATE_FILE)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", agent_id or "_")[:128] or "_"
-    path = home.data_dir(plugin) / "agents" / safe / "state.json"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(path, "x") as fh:
-                fh.write("{}")
-        except FileExistsError:
-            pass
-    return path
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", agent_id or "_")[:128].strip(".") or "_"
+    data_dir = home.data_dir(plugin)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return hook_dirs.write_private(data_dir, f"agents/{safe}/state.json", "{}", identity.plugin_ids(home.root, plugin),
+                                   replace=False)
 
 
 def _state_lock(path: Path) -> threading.Lock:

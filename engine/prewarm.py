@@ -78,4 +78,4 @@ def _not_warmable(call: Any) -> str:
         return "[hooks] warm_start = false"
     if not warmstart.globally_enabled():
         return "warm start is off on this worker (LIBREFANG_WARM_START=0)"
-    return ""
+    return warmstart.why_cold(call)

@@ -4,21 +4,23 @@ LibreFang runs `python -m pip install --user -r requirements.txt` with no timeou
 dependencies into one user site and can hang forever. Here each plugin gets `<data_dir>/venv`, built next to the
 old one and swapped in only when the install succeeded (a failed install loses nothing), all within `timeout`.
 Python hooks of a plugin that has a venv run with the venv's interpreter (VIRTUAL_ENV and PATH set; see runner).
+
+pip runs the plugin's packages' own build code (`setup.py`): the whole build runs in the hook sandbox
+(engine/process/sandboxed_command.py) as the plugin's identity, with network, writing only the new venv
+(`venv.new`), the service's files (tokens, keys, code) out of sight. Only the swap into place is done outside.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.filecache import confine
 from engine.plugins.loader import read_manifest
+from engine.process import sandboxed_command
 from engine.process.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
@@ -73,85 +75,99 @@ def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, st
     python = find_launcher("python")
     if python is None:
         return False, "no python interpreter found (python3, python, py) to build the plugin's virtualenv"
-    deadline = time.monotonic() + timeout
-    data_dir.mkdir(parents=True, exist_ok=True)
-    final = data_dir / VENV_DIRS[0]
-    staging = data_dir / VENV_DIRS[1]
-    shutil.rmtree(staging, ignore_errors=True)
-    log: list[str] = []
-    steps: list[list[str]] = [[python, "-m", "venv", "--without-pip", str(staging)]]
-    venv_python = str(staging / "bin" / "python")
-    if _has_pip(sys.executable):
-        steps.append([sys.executable, "-m", "pip", "--python", venv_python, "install",
-                      "--disable-pip-version-check", "--no-input", "-r", str(req)])
-    else:
-        steps.append([venv_python, "-m", "ensurepip", "--default-pip"])
-        steps.append([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                      "-r", str(req)])
-    for argv in steps:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            return False, _tail(log + [f"timed out after {timeout:g}s"])
-        ok, out = _run(argv, plugin_dir, remaining)
-        log.append("$ " + " ".join(argv) + "\n" + out)
-        if not ok:
-            shutil.rmtree(staging, ignore_errors=True)
-            return False, _tail(log)
-    backup = data_dir / VENV_DIRS[2]
-    shutil.rmtree(backup, ignore_errors=True)
-    if final.exists():
-        final.rename(backup)
-    staging.rename(final)
-    _fix_shebangs(final, staging)
-    shutil.rmtree(backup, ignore_errors=True)
+    final, staging, backup = (data_dir / name for name in VENV_DIRS)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _discard(staging)
+        staging.mkdir(mode=0o700)
+    except OSError as exc:
+        return False, f"cannot prepare {staging}: {exc}"
+    pip = _service_pip()
+    argv = [python, "-c", _BUILD, str(staging), str(final), str(req), pip or ""]
+    ok, out = sandboxed_command.run(sandboxed_command.Command(
+        argv=argv, cwd=plugin_dir, plugin=plugin_dir.name, env=_install_env(), writable=(staging,),
+        read_only=(pip,) if pip else (), network=True, home_dir=_home_of(data_dir)), timeout)
+    log = ["$ " + " ".join(argv[:2] + ["<build the venv>"] + argv[3:]) + "\n" + out]
+    if not ok:
+        _discard(staging)
+        return False, _tail(log)
+    try:  # the swap, outside the sandbox: renames in the plugin's own directory, following no link
+        _discard(backup)
+        if os.path.lexists(final):
+            os.rename(final, backup)
+        os.rename(staging, final)
+        _discard(backup)
+    except OSError as exc:
+        return False, _tail(log + [f"cannot put the new venv in place: {exc}"])
     return True, _tail(log + [f"installed into {final}"])
 
 
-def _fix_shebangs(venv: Path, old: Path) -> None:
-    """Console scripts were written with the staging path in their shebang; point them at the final venv."""
-    old_prefix = f"#!{old}/".encode()
-    new_prefix = f"#!{venv}/".encode()
-    for script in (venv / "bin").iterdir():
-        try:
-            if script.is_symlink() or not script.is_file():
-                continue
-            data = script.read_bytes()
-            if data.startswith(old_prefix):
-                script.write_bytes(new_prefix + data[len(old_prefix):])
-        except OSError:
-            continue
+# Run inside the sandbox as the plugin's identity (argv: staging venv, its final path, requirements file, the
+# service's pip package directory or ""): the venv, its packages, and console scripts pointed at the final path.
+_BUILD = r"""
+import os, subprocess, sys
+staging, final, req, pip = sys.argv[1:5]
+def run(argv):
+    print("$ " + " ".join(argv), flush=True)
+    if subprocess.run(argv).returncode:
+        sys.exit(1)
+run([sys.executable, "-m", "venv", "--without-pip", staging])
+python = os.path.join(staging, "bin", "python")
+install = ["install", "--disable-pip-version-check", "--no-input", "--no-cache-dir", "-r", req]
+if pip:
+    run([sys.executable, pip, "--python", python, *install])
+else:
+    run([python, "-m", "ensurepip", "--default-pip"])
+    run([python, "-m", "pip", *install])
+old, new = ("#!" + staging + "/").encode(), ("#!" + final + "/").encode()
+bin_dir = os.path.join(staging, "bin")
+for name in os.listdir(bin_dir):
+    path = os.path.join(bin_dir, name)
+    if os.path.islink(path) or not os.path.isfile(path):
+        continue
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data.startswith(old):
+        with open(path, "wb") as fh:
+            fh.write(new + data[len(old):])
+"""
 
 
-def _has_pip(python: str) -> bool:
+def _service_pip() -> str | None:
+    """The service's own pip package (run by the plugin's interpreter with --python: fast, no download), if any."""
+    found = importlib.util.find_spec("pip")
+    if found is None or not found.submodule_search_locations:
+        return None
+    return os.path.realpath(list(found.submodule_search_locations)[0])
+
+
+def _install_env() -> dict[str, str]:
+    """What pip gets: a private HOME and TMPDIR, the locale, and the operator's pip and proxy settings; nothing else of
+    the service's environment."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": "/tmp", "TMPDIR": "/tmp",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    for key, value in os.environ.items():
+        if key in ("LANG", "LC_ALL") or key.startswith("PIP_") or key.lower() in _PROXY_VARS:
+            env[key] = value
+    return env
+
+
+_PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+
+
+def _home_of(data_dir: Path) -> Path | None:
+    """$LIBREFANG_HOME of a data directory in its usual place (`<home>/plugin_data/<name>`), else None (the env's)."""
+    return data_dir.parent.parent if data_dir.parent.name == "plugin_data" else None
+
+
+def _discard(path: Path) -> None:
+    """Remove `path` whatever it is (a link is removed, never followed: the plugin's hooks may have put one there)."""
     try:
-        return subprocess.run([python, "-m", "pip", "--version"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _run(argv: list[str], cwd: Path, timeout: float) -> tuple[bool, str]:
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
-    try:
-        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    except OSError as exc:
-        return False, f"cannot run {argv[0]}: {exc}"
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, _ = proc.communicate()
-        return False, out.decode("utf-8", "replace") + f"\ntimed out after {timeout:.0f}s; killed"
-    text = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        return False, text + f"\nexit code {proc.returncode}"
-    return True, text
+        shutil.rmtree(path)  # (refuses a link: OSError)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        path.unlink(missing_ok=True)
 
 
 def _tail(parts: list[str]) -> str:

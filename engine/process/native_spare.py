@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import resource
 
-WIRE = "lfspare/1"  # the program refuses another (a build from other sources): the python spare is used then
+WIRE = "lfspare/2"  # the program refuses another (a build from other sources): the python spare is used then
 READY = b"R"  # what the program says once the sandbox is prepared, before it waits for its call
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "native", "spare.c")
@@ -40,15 +40,17 @@ def program(environ=None) -> str | None:
     return PROGRAM
 
 
-def spawn(path: str, sock, shape: tuple, cgroups: tuple) -> int:
+def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) -> int:
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
-    in a session of its own, joining `cgroups` first. Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists = shape
+    in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
+    Returns its pid; raises OSError."""
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
     fd = sock.fileno()
     os.set_inheritable(fd, True)
     try:
         argv = [path, WIRE, str(os.getpid()), str(fd), "1" if user_ns else "0", str(uid), str(gid), hide or "",
-                "1" if home_exists else "0", *cgroups]
+                "1" if home_exists else "0", str(tmp_mb), (seccomp or b"").hex(), str(len(conceal)), *conceal,
+                *cgroups]
         return os.posix_spawn(path, argv, {}, setsid=True)
     finally:
         os.set_inheritable(fd, False)
@@ -72,14 +74,14 @@ def encode_call(call: dict, netns_index: int | None) -> bytes:
     string with a NUL byte (it would shift the fields: the call then goes to a python child, which refuses it)."""
     box = call["sandbox"]
     items = []
-    for path, real in call.get("kept", []):
-        items += ["K", path, real]
-    if box.get("read_only"):
-        items.append("R")
-        for path in box.get("writable", ()):
-            items += ["W", path]
+    for path, real, writable in call.get("kept", []):
+        items += ["K", path, real, "1" if writable else "0"]
     if box.get("new_net"):
         items += ["N", str(-1 if netns_index is None else netns_index)]
+    if box.get("hook_uid", -1) >= 0:
+        items += ["U", str(box["hook_uid"]), str(box["hook_gid"])]
+    if box.get("seccomp"):
+        items.append("S")
     for name, soft, hard in box.get("rlimits", ()):
         items += ["L", str(getattr(resource, name)), str(soft), str(hard)]
     items += ["C", box["cwd"]]

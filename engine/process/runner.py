@@ -37,7 +37,7 @@ from pathlib import Path
 from engine import protocol as P
 from engine.filecache import confine, real_path
 from engine.home import Home
-from engine.process import sandbox, warmstart
+from engine.process import hook_dirs, hook_view, identity, sandbox, warmstart
 from engine.process.hook_call import HookCall, HookResult, StderrCallback
 from engine.process.hook_io import communicate
 from engine.process.runtimes import LauncherNotFound, build_command
@@ -80,6 +80,10 @@ def build_env(call: HookCall, parent_env: Mapping[str, str] | None = None) -> di
     for key in ("PATH", "HOME", "LANG", "LC_ALL", "TZ"):
         if key in parent:
             env[key] = parent[key]
+    if call.data_dir is not None:
+        # The service's own home is concealed from hooks (and not theirs to write): theirs is their data directory,
+        # where `~` state of registry plugins and launchers' caches (go, deno) land and persist.
+        env["HOME"] = str(call.data_dir)
     for key in call.runtime.runtime.passthrough:
         if key in parent:
             env[key] = parent[key]
@@ -112,9 +116,11 @@ BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATAB
                               "LIBREFANG_LLM_API_KEY"})
 
 # Defaults when a plugin sets no limit (docs/compatibility.md): enforced through the hook's cgroup where the service
-# can create one. An explicit max_memory_mb is also an RLIMIT_AS, as before.
+# can create one. An explicit max_memory_mb is also an RLIMIT_AS, as before. max_disk_mb sizes the private /tmp and
+# /dev/shm (each) and is an RLIMIT_FSIZE (the largest file a hook may write anywhere).
 DEFAULT_MAX_MEMORY_MB = 1024
 DEFAULT_MAX_PROCESSES = 128
+DEFAULT_MAX_DISK_MB = 1024
 # The keeper (outside) and init (pid 1) of the hook's PID namespace count against the pids cgroup too.
 _SANDBOX_OWN_PROCESSES = 2
 
@@ -129,14 +135,18 @@ def filesystem_isolation_available() -> bool:
     return sandbox.mode() is not None
 
 
-def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
-    """The one description of what this call's hook gets (engine/process/sandbox.py applies it). The call's cgroup is
-    described by its limits (`cgroup_limits`: the zygote or spawner prepares it); `cgroup_dirs` is one the worker
-    made itself, for a hook it spawns."""
+def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ...] = (), argv: list[str] | None = None,
+                 ids: tuple[int, int] | None = None) -> sandbox.SandboxSpec:
+    """The one description of what this call's hook gets (engine/process/sandbox.py applies it; the policy is
+    docs/security.md). The call's cgroup is described by its limits (`cgroup_limits`: the zygote or spawner prepares
+    it); `cgroup_dirs` is one the worker made itself, for a hook it spawns. `argv`: the command (its launcher is
+    bound back when a cover hides it); `ids`: the host identity the hook drops to (`hook_identity`)."""
     mode = sandbox.mode()
+    isolate = mode is not None
     home = real_path(call.home_dir or Home.from_env().root)
-    own_dirs = [d for d in (call.plugin_dir, call.data_dir) if d is not None]
-    rlimits: list[tuple[str, int, int]] = []
+    own_dirs = [d for d in (call.plugin_dir, call.data_dir, call.venv_dir) if d is not None]
+    disk = (call.max_disk_mb or DEFAULT_MAX_DISK_MB) * 1024 * 1024
+    rlimits: list[tuple[str, int, int]] = [("RLIMIT_FSIZE", disk, disk)]
     if call.max_memory_mb:
         mem = call.max_memory_mb * 1024 * 1024
         rlimits.append(("RLIMIT_AS", mem, mem))
@@ -147,22 +157,43 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         # process cap holds even where the call's pids cgroup could not be made.
         n = (call.max_processes or DEFAULT_MAX_PROCESSES) + 1
         rlimits.append(("RLIMIT_NPROC", n, n))
+    covers = hook_view.covers(call.allow_filesystem) if isolate else ()
+    new_net = not call.allow_network and network_isolation_available()
+    extra = hook_view.bound_back(argv[0] if argv else None, covers, not new_net) if isolate else []
     return sandbox.SandboxSpec(
         cwd=str(call.plugin_dir),
         env=env,
         rlimits=tuple(rlimits),
-        isolate=mode is not None,
+        isolate=isolate,
         user_ns=mode == "userns",
-        new_net=not call.allow_network and network_isolation_available(),
+        new_net=new_net,
         hide=home if home != "/" else None,
-        keep=tuple(_path_in_home(d) for d in own_dirs),
-        read_only=not call.allow_filesystem and mode is not None,
+        keep=tuple(_path_in_home(d) for d in own_dirs) + tuple(extra),
+        read_only=not call.allow_filesystem and isolate,
         writable=tuple(_path_in_home(call.data_dir) for _ in [0] if call.data_dir is not None),
         cgroups=cgroup_dirs,
         cgroup_limits=_cgroup_limits(call) if sandbox.cgroups.available() else (),
         uid=os.getuid(),
         gid=os.getgid(),
+        hook_uid=ids[0] if ids and isolate else -1,
+        hook_gid=ids[1] if ids and isolate else -1,
+        conceal=covers,
+        tmp_mb=disk // (1024 * 1024) if isolate else 0,
+        seccomp=isolate and sandbox.seccomp_filter() is not None,
     )
+
+
+def hook_identity(call: HookCall) -> tuple[int, int] | None:
+    """The host (uid, gid) this call's hook drops to, or None where it cannot drop (the service is not root, or has
+    no namespaces: sandbox.degraded says so). Raises ValueError for a `[sandbox]` range over the service's uid."""
+    if not sandbox.uid_drop():
+        return None
+    if call.uid is None:
+        return identity.hook_ids(call.home_dir, call.plugin_dir.name)
+    ids = (call.uid, call.gid if call.gid is not None else call.uid)
+    if {0, os.getuid(), os.getgid()} & set(ids):
+        raise ValueError(f"a hook may not run as uid/gid {ids}: root's or the service's own")
+    return ids
 
 
 def _path_in_home(path: Path) -> str:
@@ -178,7 +209,22 @@ def _cgroup_limits(call: HookCall) -> tuple[int, int]:
             (call.max_processes or DEFAULT_MAX_PROCESSES) + extra)
 
 
-class _EnterSandbox:
+def _prepare_dirs(call: HookCall, script: Path, ids: tuple[int, int] | None) -> str | None:
+    """The hook's directories made ready for its identity (engine/process/hook_dirs.py); what went wrong, or None."""
+    if call.data_dir is not None:
+        try:
+            hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=not call.allow_filesystem)
+        except OSError as exc:
+            return f"cannot prepare the plugin's data directory {call.data_dir}: {exc}"
+    if ids is not None:
+        try:
+            hook_dirs.make_readable(call.plugin_dir, script, ids[1])
+        except OSError as exc:
+            return f"cannot make the plugin's directory {call.plugin_dir} readable to its hooks: {exc}"
+    return None
+
+
+class EnterSandbox:
     """The preexec function of a spawned hook: engine.sandbox.enter, or exit 126 with the reason on stderr."""
 
     __slots__ = ("spec", "parent")
@@ -223,18 +269,18 @@ class SubprocessRuntime:
             argv = hook_argv(call, script)
         except LauncherNotFound as exc:
             return fail(P.LAUNCHER_NOT_FOUND, str(exc))
-        if call.data_dir is not None:
-            try:
-                call.data_dir.mkdir(parents=True, exist_ok=True)
-                if not call.allow_filesystem:
-                    (call.data_dir / "tmp").mkdir(exist_ok=True)
-            except OSError as exc:
-                return fail(P.SPAWN_FAILED, f"cannot create the plugin's data directory {call.data_dir}: {exc}")
+        try:
+            ids = hook_identity(call)
+        except ValueError as exc:
+            return fail(P.SPAWN_FAILED, str(exc))
+        problem = _prepare_dirs(call, script, ids)
+        if problem is not None:
+            return fail(P.SPAWN_FAILED, problem)
         try:
             payload = (json.dumps(call.request, ensure_ascii=False) + "\n").encode("utf-8")
         except (TypeError, ValueError) as exc:
             return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
-        spec = sandbox_spec(call, build_env(call))
+        spec = sandbox_spec(call, build_env(call), argv=argv, ids=ids)
         result, oom_killed = self.start(call, argv, spec, payload, started, on_stderr)
         if oom_killed and result.failure is not None:
             result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
@@ -276,7 +322,7 @@ class SubprocessRuntime:
                     env=spec.env,
                     start_new_session=True,  # own process group: a timeout kills the keeper, and so the namespace
                     close_fds=True,
-                    preexec_fn=_EnterSandbox(dataclasses.replace(spec, cgroups=cgroup_dirs)),
+                    preexec_fn=EnterSandbox(dataclasses.replace(spec, cgroups=cgroup_dirs)),
                 )
             except subprocess.SubprocessError as exc:
                 return fail(P.SPAWN_FAILED, f"sandbox setup failed in the child: {exc}")

@@ -46,17 +46,18 @@ import os
 import sys
 import threading
 
+from . import sandbox_seccomp
 from .sandbox_cgroups import Cgroups, _oom_killed, cgroups
 from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
 from .sandbox_libc import SetupError, libc
-from .sandbox_mounts import kept_dirs, open_kept
+from .sandbox_mounts import kept_dirs
 from .sandbox_spare import enter_hook, make_netns, pre_enter, shape_of
 from .sandbox_tree import HOOK_DONE
 
 __all__ = [
     "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
-    "forget_probe", "kept_dirs", "libc", "make_netns", "mode", "network_isolation_available", "open_kept",
-    "pre_enter", "probe", "shape_of", "_oom_killed",
+    "forget_probe", "kept_dirs", "libc", "make_netns", "mode", "network_isolation_available", "pre_enter", "probe",
+    "seccomp_filter", "shape_of", "uid_drop", "_oom_killed",
 ]
 
 
@@ -131,8 +132,27 @@ def mode() -> str | None:
 
 
 def degraded_reasons() -> list:
-    """Why hooks run without namespaces here ([] when they are isolated). For the doctor and a dashboard banner."""
-    return list(probe()[1])
+    """Why hooks run with less than the whole sandbox here ([] when they get all of it): no namespaces, no host
+    identity of their own, no seccomp filter. For every trace, the doctor, /api/health and the dashboard banner."""
+    found, reasons = probe()
+    reasons = list(reasons)
+    if found == "userns":
+        reasons.append("the service is not root: hooks run as the service's own user (mapped into a user "
+                       "namespace), not as an unprivileged uid of their own, and the files they write are the "
+                       "service user's (run the service as root: docs/security.md)")
+    if found is not None and seccomp_filter() is None:
+        reasons.append(f"no seccomp filter for hooks: {sandbox_seccomp.compiled()[1]}")
+    return reasons
+
+
+def uid_drop() -> bool:
+    """Whether hooks drop to a host uid of their own here (the service is root and isolates them)."""
+    return mode() == "root"
+
+
+def seccomp_filter() -> bytes | None:
+    """The hooks' seccomp filter (BPF), or None where libseccomp is missing. Compiled once per process."""
+    return sandbox_seccomp.compiled()[0]
 
 
 def network_isolation_available() -> bool:

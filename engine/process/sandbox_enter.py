@@ -1,7 +1,7 @@
 """The hook's sandbox, described once (`SandboxSpec`), and the one function that applies it in a freshly forked child
-(`enter`): cgroup, namespaces, the view of the filesystem, the keeper/init/hook tree, rlimits, capabilities, cwd.
-engine/process/sandbox.py says what a hook gets and who calls this; engine/process/sandbox_spare.py applies the same
-in two steps. Stdlib only, like engine/process/sandbox.py.
+(`enter`): cgroup, namespaces, the view of the filesystem, the keeper/init/hook tree, rlimits, the hook's own
+unprivileged identity, capabilities, the seccomp filter, cwd. engine/process/sandbox.py says what a hook gets and who
+calls this; engine/process/sandbox_spare.py applies the same in two steps. Stdlib only, like engine/process/sandbox.py.
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ import resource
 import signal
 from dataclasses import asdict, dataclass, field
 
+from . import sandbox_seccomp
 from .sandbox_libc import (
+    CLONE_NEWIPC,
     CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUSER,
+    CLONE_NEWUTS,
     PR_CAPBSET_DROP,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
@@ -25,12 +28,15 @@ from .sandbox_libc import (
     _check,
     libc,
 )
-from .sandbox_mounts import _build_view
+from .sandbox_mounts import bind_kept, kept_dirs, prepare_view
 from .sandbox_tree import _split_keeper_init_hook
 
 _CAP_VERSION_3 = 0x20080522
 # Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
 SETUP_FAILED = 126
+# Every isolated hook's own namespaces (and its network's when it has no network): PID (nothing outlives it), mount
+# (its view), IPC (no SysV IPC shared with anyone, none left after it) and UTS.
+NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
 
 
 @dataclass(frozen=True)
@@ -44,20 +50,25 @@ class SandboxSpec:
     user_ns: bool = False  # create a user namespace first (the service is not root)
     new_net: bool = False  # empty network namespace (allow_network = false)
     hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
-    keep: tuple = ()  # ... except these directories, bound back at the same paths (plugin dir, data dir)
-    read_only: bool = False  # allow_filesystem = false: every mount read-only ...
-    writable: tuple = ()  # ... except these directories
+    keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir, launcher), read-only ...
+    read_only: bool = False  # allow_filesystem = false (what it conceals more is in `conceal`)
+    writable: tuple = ()  # ... but these (the data dir)
     cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
     cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
     gid: int = 0
+    hook_uid: int = -1  # the unprivileged host identity the hook drops to (a root service); -1: none
+    hook_gid: int = -1
+    conceal: tuple = ()  # directories and files covered (engine/process/sandbox_mounts.py), beyond the home
+    tmp_mb: int = 0  # size of the private /tmp and /dev/shm (0: none)
+    seccomp: bool = False  # load the seccomp filter (engine/process/sandbox_seccomp.py) last
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits"}
+        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits", "conceal"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 
@@ -81,12 +92,14 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
     if spec.isolate:
         if lib is None:
             raise SetupError("no libc")
-        flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWNET if spec.new_net else 0)
+        kept = kept_dirs(spec)  # resolved while everything is visible
+        flags = NAMESPACES | (CLONE_NEWNET if spec.new_net else 0)
         _check(lib.unshare(flags | (CLONE_NEWUSER if spec.user_ns else 0)), "unshare")
         if spec.user_ns:
             _map_ids(spec.uid, spec.gid)
-        _build_view(lib, spec)
-        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
+        view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
+        bind_kept(lib, view, kept)
+        _split_keeper_init_hook(lib, done_fd, (spec.hook_uid, spec.hook_gid))  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")
@@ -97,13 +110,37 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
 
 
 def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None) -> None:
-    """What the hook's own process applies last, whichever way it got its namespaces. `capable`: what
+    """What the hook's own process applies last, whichever way it got its namespaces: rlimits, its own host identity
+    (before anything it runs), no capabilities, no_new_privs, the seccomp filter, its cwd. `capable`: what
     `empty_bounding_set` said in this process ahead of its call (None: not done)."""
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
+    if lib is not None and capable is None:
+        capable = empty_bounding_set(lib)  # while this process may still (CAP_SETPCAP)
+    if spec.hook_uid >= 0:
+        become(spec.hook_uid, spec.hook_gid)
     if lib is not None:
         _drop_privileges(lib, capable)
+        if spec.seccomp:
+            _load_seccomp(lib)
     os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
+
+
+def become(uid: int, gid: int) -> None:
+    """Drop to `uid`/`gid` for good (real, effective and saved, no supplementary groups): the capabilities of a root
+    process go with it. Raises OSError (the hook must not run then)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise SetupError(f"could not drop to uid {uid}")
+
+
+def _load_seccomp(lib) -> None:
+    program, why = sandbox_seccomp.compiled()
+    if program is None:
+        raise SetupError(f"no seccomp filter: {why}")
+    _check(sandbox_seccomp.load(lib, program), "seccomp")
 
 
 def _map_ids(uid: int, gid: int) -> None:

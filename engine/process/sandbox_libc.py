@@ -9,6 +9,8 @@ import os
 
 # linux/sched.h, linux/mount.h, linux/prctl.h, linux/capability.h
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000

@@ -1,5 +1,5 @@
 """The sandbox applied in two steps by a zygote's spare child (engine/process/warmstart_zygote.py): `pre_enter` ahead
-of its call (namespaces, covered home, init, the hook's process waiting), the call's part when the call arrives, and
+of its call (namespaces, the view's covers, init, the hook's process waiting), the call's part when the call arrives, and
 `enter_hook` last. Same namespaces, same view, same limits as engine/process/sandbox_enter.py `enter`, less on the
 call's path. Also the per-plugin empty network namespace a zygote keeps (`make_netns`). Stdlib only, like
 engine/process/sandbox.py.
@@ -10,64 +10,62 @@ from __future__ import annotations
 import os
 import signal
 
-from .sandbox_enter import SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
+from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
 from .sandbox_libc import (
     CLONE_NEWNET,
-    CLONE_NEWNS,
-    CLONE_NEWPID,
     CLONE_NEWUSER,
-    MS_NODEV,
-    MS_NOSUID,
-    MS_PRIVATE,
-    MS_REC,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     SetupError,
     _check,
-    _mount,
     libc,
 )
-from .sandbox_mounts import _bind_back, _read_only_mounts, _under
-from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, fork_hook
+from .sandbox_mounts import bind_kept, prepare_view
+from .sandbox_tree import (
+    _become_init,
+    _fork,
+    _init,
+    _keep,
+    _wait_for,
+    await_init,
+    fork_hook,
+    identity_pipes,
+    send_ids,
+)
 
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
-    """What `pre_enter` prepares ahead of a call: the same for every call of one service, so a spare child prepared
-    for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    """What `pre_enter` prepares ahead of a call: the same for every call of one service (and one kind of filesystem
+    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces)."""
     if not spec.isolate:
         return None
-    return spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide)
+    return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
+            tuple(spec.conceal), spec.tmp_mb)
 
 
 def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
-    not depend on the call — the user, mount and PID namespaces, the home covered by an empty tmpfs, /sys
-    read-only, init forked with a fresh /proc, and the hook's own process (pid 2) forked too. The spare becomes the
-    keeper at once, init waits for the hook, and the hook waits for its call on `sock` (`await_call(sock)` ->
-    (call, fds), the spare's socket to its zygote): then it binds its own directories back, makes the view read-only
-    if asked and enters an empty network namespace, and this function returns (call, fds) in it (the rest is
-    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
+    not depend on the call — the user, mount, PID, IPC and UTS namespaces, the view's call-independent part
+    (engine/process/sandbox_mounts.py `prepare_view`), init forked with a fresh /proc, and the hook's own process
+    (pid 2) forked too. The spare becomes the keeper at once, init waits for the hook, and the hook waits for its
+    call on `sock` (`await_call(sock)` -> (call, fds), the spare's socket to its zygote): then it binds its own
+    directories back, enters an empty network namespace if asked and tells init its identity, and this function
+    returns (call, fds) in it (the rest is `enter_hook`). On the call's path: no fork, no unshare but the
+    network's, a few mounts.
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
     code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
     lib = libc()
     if lib is None:
         raise SetupError("no libc")
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(137)
-    _check(lib.unshare(CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    _check(lib.unshare(NAMESPACES | (CLONE_NEWUSER if user_ns else 0)), "unshare")
     if user_ns:
         _map_ids(uid, gid)
-    _mount(lib, None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the service's mounts
-    home_fd = None
-    if home_exists:
-        # The home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here
-        # (a bind's source must be a mount of the caller's own namespace, so not a descriptor opened outside).
-        home_fd = os.open(hide, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        _mount(lib, "tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-    _read_only_mounts(lib, False, (), sys_only=True)
+    view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb)
     status_r, status_w = os.pipe()
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
     init_pid = _fork()
@@ -79,29 +77,23 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
         _become_init(lib, status_w)
     except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
         os._exit(SETUP_FAILED)
+    for_init, for_hook = identity_pipes()
     hook_pid = fork_hook()
     if hook_pid:
-        _init(hook_pid, status_w, sock.fileno())
+        for fd in for_hook:
+            os.close(fd)
+        _init(hook_pid, status_w, sock.fileno(), for_init)
     os.close(status_w)
+    for fd in for_init:
+        os.close(fd)
     _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
-        if home_fd is None and spec.hide and os.path.isdir(spec.hide):
+        send_ids(for_hook[0], (spec.hook_uid, spec.hook_gid))
+        if not home_exists and spec.hide and os.path.isdir(spec.hide):
             raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
-        if home_fd is not None:
-            kept = []
-            for path, real in call.pop("kept", []):
-                if _under(real, hide):  # reached through the covered home, as `enter` opens it before covering
-                    fd = os.open(os.path.relpath(real, hide), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
-                                 dir_fd=home_fd)
-                else:  # a linked plugin directory outside the home
-                    fd = os.open(real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                kept.append((path, fd))
-            os.close(home_fd)
-            _bind_back(lib, hide, kept)
-        if spec.read_only:  # (/sys is read-only already)
-            _read_only_mounts(lib, spec.read_only, spec.writable, sys_only=False)
+        bind_kept(lib, view, call.pop("kept", []))
         if spec.new_net:
             if call.get("netns") is not None:  # the plugin's own empty network namespace, kept by the zygote
                 netns = fds.pop(call["netns"])
@@ -112,6 +104,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
+    await_init(for_hook[1])
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
 

@@ -40,9 +40,9 @@ from engine.process.zygote_client import (
 )
 
 __all__ = [
-    "MAX_ZYGOTES", "SANDBOX_MODULE", "SPAWNER_SCRIPT", "ZYGOTE_SCRIPT", "WarmProcess", "Zygote", "ZygoteUnavailable",
-    "applies", "ensure", "globally_enabled", "helper_pids", "shutdown", "spawn", "spawn_exec", "spawner_enabled",
-    "startup_env", "zygote_pids",
+    "MAX_ZYGOTES", "SANDBOX_MODULE", "SPAWNER_SCRIPT", "ZYGOTE_HOME", "ZYGOTE_SCRIPT", "WarmProcess", "Zygote",
+    "ZygoteUnavailable", "applies", "ensure", "globally_enabled", "helper_pids", "shutdown", "spawn", "spawn_exec",
+    "spawner_enabled", "startup_env", "why_cold", "zygote_pids",
 ]
 
 log = logging.getLogger("librefang.warmstart")
@@ -51,9 +51,20 @@ MAX_ZYGOTES = 8  # distinct (interpreter, start-up env) pairs kept warm; the lea
 RETRY_AFTER_FAILURE_SECS = 30.0
 
 # Variables an interpreter reads while starting up (site, sys.path, locale, io encoding, hash seed ...). A zygote is
-# started with exactly these from the hook's environment, and only serves hooks whose values are the same.
+# started with exactly these from the hook's environment, and only serves hooks whose values are the same. HOME (the
+# hook's data directory) is not one: a zygote starts with `ZYGOTE_HOME`, where no user site directory can be, and a
+# hook whose own home has one is not forked warm (`why_cold`).
 _STARTUP_PREFIXES = ("PYTHON", "LC_")
-_STARTUP_KEYS = ("HOME", "LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV")
+_STARTUP_KEYS = ("LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV")
+ZYGOTE_HOME = "/nonexistent"
+# A zygote runs as root outside any sandbox: nothing a plugin controls may run in its start-up. Of the start-up
+# variables a plugin may set in [env], these only choose among the interpreter's own behaviours; any other (PYTHONPATH,
+# PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE, PYTHONPYCACHEPREFIX, PYTHONWARNINGS, ...) makes its hooks cold.
+SAFE_PLUGIN_STARTUP = frozenset({
+    "PYTHONIOENCODING", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
+    "PYTHONFAULTHANDLER", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONOPTIMIZE",
+    "PYTHONCOERCECLOCALE", "PYTHONWARNDEFAULTENCODING", "PYTHONDEVMODE", "PYTHONMALLOC",
+})
 
 
 def globally_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -62,7 +73,8 @@ def globally_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def applies(call: Any, argv: Sequence[str]) -> bool:
-    """Whether this hook call can be forked from a zygote (a python hook run as `<python> <script>`)."""
+    """Whether this hook call can be forked from a zygote (a python hook run as `<python> <script>`, nothing of its
+    plugin in the zygote's start-up)."""
     runtime = call.runtime
     return (
         getattr(call, "warm_start", True)
@@ -72,10 +84,27 @@ def applies(call: Any, argv: Sequence[str]) -> bool:
         and os.path.isabs(argv[0])
         and sys.platform.startswith("linux")
         and globally_enabled()
+        and not why_cold(call)
     )
 
 
+def why_cold(call: Any) -> str:
+    """Why a python hook that could be forked warm is not: its start-up would run code its plugin controls (a
+    zygote is root, outside any sandbox), or its home holds a user site a zygote cannot have. "" when it may."""
+    if getattr(call, "venv_dir", None) is not None:
+        return "it runs its plugin's own virtualenv, whose start-up (site, .pth files) its plugin wrote"
+    for source in (getattr(call, "plugin_env", None) or {}, getattr(call, "extra_env", None) or {}):
+        unsafe = sorted(k for k in source if k.startswith("PYTHON") and k not in SAFE_PLUGIN_STARTUP)
+        if unsafe:
+            return f"its plugin sets {', '.join(unsafe)}, which a zygote's start-up would follow"
+    data_dir = getattr(call, "data_dir", None)
+    if data_dir is not None and os.path.isdir(os.path.join(data_dir, ".local")):
+        return "its home (the data directory) has a .local user site, which a zygote's start-up cannot have"
+    return ""
+
+
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What of a hook's environment its zygote is started with (and keyed by)."""
     return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_KEYS}
 
 
@@ -90,7 +119,7 @@ def _get(launcher: str, env: Mapping[str, str], script: Path = ZYGOTE_SCRIPT) ->
     spawner = script == SPAWNER_SCRIPT
     # The spawner starts with an empty environment but whether it may use the native spare (a test turns it off).
     boot = ({k: os.environ[k] for k in (native_spare.SWITCH,) if k in os.environ} if spawner
-            else startup_env(env))
+            else {**startup_env(env), "HOME": ZYGOTE_HOME})
     registry: dict = _spawners if spawner else _zygotes
     key = (str(script), launcher, tuple(sorted(boot.items())))
     with _lock:

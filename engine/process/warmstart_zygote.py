@@ -141,8 +141,9 @@ def _rehearse(sandbox):
     call = {"sandbox": {"cwd": _HERE, "env": env, "rlimits": [["RLIMIT_NPROC", 129, 129]], "isolate": True,
                         "user_ns": True, "new_net": True, "hide": "/nonexistent", "keep": [_HERE, _HERE],
                         "read_only": False, "writable": [_HERE], "cgroups": [], "cgroup_limits": [1 << 30, 130],
-                        "uid": 0, "gid": 0},
-            "script": script, "launcher": sys.executable, "netns": 3, "kept": [[_HERE, _HERE]]}
+                        "uid": 0, "gid": 0, "hook_uid": -1, "hook_gid": -1, "conceal": [_HERE, _HERE],
+                        "tmp_mb": 1024, "seccomp": False},
+            "script": script, "launcher": sys.executable, "netns": 3, "kept": [[_HERE, _HERE, True]]}
     call = json.loads(json.dumps(call))
     sandbox.SandboxSpec.from_dict(call["sandbox"])
     # The sandbox's last steps, to no effect: the ctypes, os and io paths of binding the kept directories back and
@@ -350,6 +351,7 @@ def _main(exec_mode=False):
     _SANDBOX_MODULES[:] = [name for name in sys.modules if name == _PACKAGE or name.startswith(_PACKAGE + ".")]
     zygote_pid = os.getpid()
     sandbox.cgroups.available()  # found (and stale leftovers removed) once, before the first child
+    sandbox.seccomp_filter()  # compiled once, before the first child (every hook loads it)
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child

@@ -144,7 +144,7 @@ def _serve(ctl, sandbox, spare_program=None):
         paths, written = spare_cgroup(limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid = native_spare.spawn(spare_program, theirs, the_shape, paths)
+            pid = native_spare.spawn(spare_program, theirs, the_shape, paths, sandbox.seccomp_filter())
         except OSError:
             ours.close()
             remove(paths)

@@ -38,6 +38,7 @@ class HealthOut(Schema):
     # agents get the default engine for those calls (reported here, not counted in `status`)
     failing: dict[str, dict[str, dict[str, Any]]] | None = None
     dead_workers: list[dict[str, Any]] = []  # heartbeats of workers the supervisor has reaped (not yet expired)
+    sandbox: dict[str, Any]  # {"degraded": bool, "reasons": [...]}: hooks run with less than docs/security.md says
 
 
 @router.get("/health", auth=None, response={200: HealthOut, 503: HealthOut})
@@ -61,5 +62,5 @@ async def health(request):
     failing = await sync_to_async(H.failing_plugins, thread_sensitive=False)() if db_ok else None
     body = {"status": status, "problems": problems, "web": True, "redis": redis_ok, "database": db_ok,
             "workers": workers, "queue": queue, "last_read_age_secs": read_age, "supervisor": supervisor,
-            "failing": failing, "dead_workers": dead}
+            "failing": failing, "dead_workers": dead, "sandbox": H.sandbox_state(workers)}
     return json_response(body, 200 if status == "ok" else 503)

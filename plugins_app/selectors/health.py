@@ -109,3 +109,16 @@ def assess(*, redis_ok: bool, db_ok: bool, workers: list[dict], queue: dict, rea
         if child.get("role") == "worker" and child.get("state") != "running" and not supervisor_doc.get("stopping"):
             problems.append(f"supervisor: {child.get('slot', 'a worker')} is {child.get('state')}")
     return ("degraded" if problems else "ok"), problems
+
+
+def sandbox_state(workers: list[dict]) -> dict:
+    """`sandbox.degraded` as /api/health says it: what each live worker reports of its hooks' sandbox (heartbeat
+    `sandbox_degraded`), and this web process's own probe; {"degraded": False, "reasons": []} when hooks get all of
+    docs/security.md. Loud but not a health failure: agents are still served."""
+    from engine.process import sandbox
+
+    reasons = list(sandbox.degraded_reasons())
+    for worker in workers:
+        for reason in worker.get("sandbox_degraded") or ():
+            reasons.append(f"worker {worker.get('host', '?')}/{worker.get('pid', '?')}: {reason}")
+    return {"degraded": bool(reasons), "reasons": list(dict.fromkeys(reasons))}

@@ -82,3 +82,19 @@ def test_it_counts_a_supervisor_restarting_a_worker_as_degraded():
     sup["children"][1]["state"] = "running"
     assert assess(redis_ok=True, db_ok=True, workers=[{"worker": "w"}], queue={}, read_age=0.5,
                   supervisor_doc=sup) == ("ok", [])
+
+
+def test_it_says_loudly_when_a_worker_runs_hooks_with_a_degraded_sandbox(client, prefix):
+    from engine.process import sandbox
+
+    stream = bus.JobStream(consumer="w1")
+    stream.ensure_group()
+    stream.heartbeat({"pid": 7, "host": "h1", "last_read_at": time.time(), "sandbox_degraded": []})
+    status, body = health(client)
+    own = sandbox.degraded_reasons()
+    assert body["sandbox"] == {"degraded": bool(own), "reasons": own}
+    stream.heartbeat({"pid": 7, "host": "h1", "last_read_at": time.time(),
+                      "sandbox_degraded": ["the service is not root: hooks run as the service's own user"]})
+    status, body = health(client)
+    assert body["sandbox"]["degraded"] is True
+    assert "worker h1/7: the service is not root: hooks run as the service's own user" in body["sandbox"]["reasons"]

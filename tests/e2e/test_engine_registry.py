@@ -40,10 +40,9 @@ print(json.dumps({"memories": [{"content": "Open todos: " + ", ".join(todos)}] i
 
 
 def test_it_runs_a_registry_shaped_plugin_unmodified_with_an_after_turn_to_ingest_round_trip(live, tmp_path):
-    fake_home = tmp_path / "user-home"
-    fake_home.mkdir()
     make_plugin(live.home / "plugins", "todo-tracker", {"after_turn": AFTER_TURN, "ingest": INGEST},
-                top_extra=f'[env]\nHOME = "{fake_home}"\n\n[i18n.zh]\nname = "待办跟踪"')
+                top_extra='[i18n.zh]\nname = "待办跟踪"')
+    fake_home = live.home / "plugin_data" / "todo-tracker"  # a hook's HOME is its data directory
     # the registry's manifests have no runtime line at all: rewrite ours the same way
     toml = live.home / "plugins" / "todo-tracker" / "plugin.toml"
     toml.write_text(toml.read_text().replace('runtime = "python"\n', ""))
@@ -84,24 +83,22 @@ def test_it_runs_a_registry_shaped_plugin_unmodified_with_an_after_turn_to_inges
 
 
 def test_it_keeps_registry_state_under_the_real_home_inside_the_sandbox(live, tmp_path):
-    """Deployed as LibreFang is, ~/.librefang IS the service's home: the hook's state lands in its own plugin
-    directory (bound back into the sandbox at the same path), while the home's other files stay hidden."""
+    """Registry plugins keep their state under `~/.librefang/plugins/<name>/` (LibreFang's home): a hook's HOME is
+    its own data directory, so that state lands there, writable and its own (its plugin directory is read-only),
+    while the service's home stays hidden (no api_token under that `~/.librefang`)."""
     name = "todo-tracker-home"
-    user_home = tmp_path / "operator"
-    user_home.mkdir()
-    (user_home / ".librefang").symlink_to(live.home)
     peek = ('token = os.path.join(os.path.expanduser("~"), ".librefang", "api_token")\n'
             'print("api_token visible" if os.path.exists(token) else "api_token hidden", file=sys.stderr)\n')
     hooks = {"after_turn": AFTER_TURN.replace("todo-tracker", name),
              "ingest": INGEST.replace("todo-tracker", name).replace("req = json.load(sys.stdin)\n",
                                                                      "req = json.load(sys.stdin)\n" + peek)}
-    make_plugin(live.home / "plugins", name, hooks, top_extra=f'[env]\nHOME = "{user_home}"')
+    make_plugin(live.home / "plugins", name, hooks)
     write_config(live.home, plugin=name)
     agent = f"agent-{time.monotonic_ns()}"
     turn = [{"role": "user", "content": "TODO: rotate the backup key"}]
     status, body = live.hook("after_turn", {"agent_id": agent, "messages": turn})
     assert status == 202, body
-    state = live.home / "plugins" / name / f"{agent}.json"
+    state = live.home / "plugin_data" / name / ".librefang" / "plugins" / name / f"{agent}.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not state.exists():
         time.sleep(0.2)

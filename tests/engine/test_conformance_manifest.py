@@ -260,7 +260,7 @@ def test_it_installs_requirements_into_the_plugins_own_venv_and_runs_hooks_with_
     print(json.dumps({"memories": [{"content": f"answer {tinydep.ANSWER} from {sys.prefix}"}]}))
     """
     pdir = make_plugin(ehome.plugins_dir, "deps", {"ingest": src})
-    wheel = _tiny_wheel(tmp_path)
+    wheel = _tiny_wheel(pdir)  # (the install sees the plugin's own directory, not the rest of the host's /tmp)
     (pdir / "requirements.txt").write_text(f"{wheel}\n")
     write_config(ehome.root, plugin="deps")
     assert engine.handle("ingest", {"message": "m", "agent_id": "a"}).source == "default"  # not installed yet
@@ -322,7 +322,7 @@ def test_every_finding_id_the_engine_emits_is_catalogued():
 
 def test_install_requirements_result_unpacks_and_serialises(engine, ehome, tmp_path):
     pdir = make_plugin(ehome.plugins_dir, "deps2", {"ingest": ECHO})
-    (pdir / "requirements.txt").write_text(f"{_tiny_wheel(tmp_path)}\n")
+    (pdir / "requirements.txt").write_text(f"{_tiny_wheel(pdir)}\n")
     manifest = engine.catalog.get("deps2").plugin.manifest
     result = install_requirements(pdir, manifest, ehome)  # the API's call shape: data dir from the home
     ok, output = result
@@ -330,7 +330,7 @@ def test_install_requirements_result_unpacks_and_serialises(engine, ehome, tmp_p
     assert result.to_dict()["success"] is True and result.to_dict()["output"] == output
     (pdir / "requirements.txt").write_text("definitely-not-a-real-package-xyz==1.0\n")
     failed = install_requirements(pdir, ehome.data_dir("deps2"), 0.05).to_dict()
-    assert failed["ok"] is False and failed["error"] == "timed out after 0.05s"
+    assert failed["ok"] is False and failed["error"] == "killed: timed out after 0.05s"
 
 
 def test_it_serves_the_last_good_manifest_after_a_bad_edit_even_in_a_new_process(ehome):

@@ -3,6 +3,9 @@ differences from LibreFang listed under "Stacks" in docs/compatibility.md."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from tests.engine.test_conformance_hooks import FAIL, MSGS, recorder, requests_seen
 from tests.plugin_factory import make_plugin, write_config
 
@@ -17,13 +20,15 @@ def stack(ehome, plugins: dict[str, dict], extra="", toml: dict | None = None):
     write_config(ehome.root, stack=list(plugins), extra=extra)
 
 
+# Each layer says it started and waits for the go the test gives once both have (a layer sees its own data
+# directory only, so the test carries the word between them): it returns only if the other runs at the same time.
 RENDEZVOUS = """
 import json, os, sys, time
 sys.stdin.read()
-here, other = {here!r}, {other!r}
-open(here, "w").close()
+data = os.environ["LIBREFANG_PLUGIN_DATA_DIR"]
+open(os.path.join(data, "started"), "w").close()
 end = time.monotonic() + 15
-while not os.path.exists(other):  # only returns if the other layer runs at the same time
+while not os.path.exists(os.path.join(data, "go")):
     if time.monotonic() > end:
         sys.exit("the other layer never started")
     time.sleep(0.02)
@@ -31,13 +36,28 @@ print(json.dumps({reply}))
 """
 
 
-def test_ingest_runs_every_layer_concurrently_and_recalls_the_default_once(engine, ehome, sinks, tmp_path):
+def _go_once_all_started(dirs: list, timeout: float = 20.0) -> threading.Thread:
+    def watch():
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not all((d / "started").exists() for d in dirs):
+            time.sleep(0.01)
+        if all((d / "started").exists() for d in dirs):
+            for d in dirs:
+                (d / "go").touch()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ingest_runs_every_layer_concurrently_and_recalls_the_default_once(engine, ehome, sinks):
     sinks["memory"].remember("a", None, "stored kafka note")
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    stack(ehome, {"one": {"ingest": RENDEZVOUS.format(here=one, other=two, reply=mem("from one"))},
-                  "two": {"ingest": RENDEZVOUS.format(here=two, other=one, reply=mem("from two"))},
+    stack(ehome, {"one": {"ingest": RENDEZVOUS.format(reply=mem("from one"))},
+                  "two": {"ingest": RENDEZVOUS.format(reply=mem("from two"))},
                   "three": {"ingest": FAIL}}, toml={"one": "hook_timeout_secs = 20", "two": "hook_timeout_secs = 20"})
+    watcher = _go_once_all_started([ehome.data_dir("one"), ehome.data_dir("two")])
     reply = engine.handle("ingest", {"agent_id": "a", "message": "kafka"})
+    watcher.join()
     assert [m["content"] for m in reply.result["memories"]] == ["stored kafka note", "from one", "from two"]
     assert reply.source == "one,two" and reply.fallback_reason == "three: script_error: exit code 3: broken"
 

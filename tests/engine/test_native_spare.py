@@ -105,12 +105,13 @@ def test_an_exec_failure_is_reported_as_from_the_python_spare(tmp_path, monkeypa
 
 
 def test_the_call_is_encoded_field_by_field_and_a_nul_byte_is_refused():
-    call = {"argv": ["/bin/echo", "hi"], "kept": [["/h/p", "/real/p"]],
+    call = {"argv": ["/bin/echo", "hi"], "kept": [["/h/p", "/real/p", False], ["/h/d", "/h/d", True]],
             "sandbox": {"cwd": "/h/p", "env": {"A": "1", "B": ""}, "rlimits": [["RLIMIT_NOFILE", 64, 64]],
-                        "new_net": True, "read_only": True, "writable": ["/w"]}}
+                        "new_net": True, "hook_uid": 1234, "hook_gid": 1235, "seccomp": True}}
     fields = native_spare.encode_call(call, 4).split(b"\0")
-    assert fields == [b"K", b"/h/p", b"/real/p", b"R", b"W", b"/w", b"N", b"4", b"L", b"7", b"64", b"64",
-                      b"C", b"/h/p", b"A", b"/bin/echo", b"A", b"hi", b"E", b"A=1", b"E", b"B=", b""]
+    assert fields == [b"K", b"/h/p", b"/real/p", b"0", b"K", b"/h/d", b"/h/d", b"1", b"N", b"4", b"U", b"1234",
+                      b"1235", b"S", b"L", b"7", b"64", b"64", b"C", b"/h/p", b"A", b"/bin/echo", b"A", b"hi",
+                      b"E", b"A=1", b"E", b"B=", b""]
     call["sandbox"]["env"]["C"] = "x\0K"
     with pytest.raises(OSError):  # the spawner then forks a python child, which refuses it as a spawn would
         native_spare.encode_call(call, None)
@@ -123,7 +124,8 @@ def test_a_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, program):
     monkeypatch.setattr(native_spare, "SOURCE", str(newer))
     assert native_spare.program() is None
     assert native_spare.program({native_spare.SWITCH: "0"}) is None
-    other = subprocess.run([program, "lfspare/0", str(os.getpid()), "0", "0", "0", "0", "", "0"], timeout=10)
+    other = subprocess.run([program, "lfspare/0", str(os.getpid()), "0", "0", "0", "0", "", "0", "0", "", "0"],
+                           timeout=10)
     assert other.returncode == 2  # another wire: refused before anything (the spawner forks on demand instead)
 
 

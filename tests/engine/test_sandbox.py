@@ -137,7 +137,11 @@ for rel in req["secrets"]:
         out["read"][rel] = type(exc).__name__
 out["kept"] = open("kept.txt").read()
 out["state"] = open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "state.json")).read()
-open("written-by-hook.txt", "w").write("x")
+try:
+    open("written-by-hook.txt", "w").write("x")
+    out["plugin_dir"] = "written"
+except OSError as exc:
+    out["plugin_dir"] = exc.strerror
 open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "written.txt"), "w").write("y")
 try:
     os.chdir(".."); os.chdir(".."); out["up"] = sorted(os.listdir("."))
@@ -153,8 +157,9 @@ def test_a_python_hook_reads_nothing_in_home_but_its_own_dirs(home, mode):
     assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
     assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
     assert r.reply["kept"] == "mine" and r.reply["state"] == '{"n": 1}'
-    # its own directories are the real ones, writable (registry plugins keep state there)
-    assert (home / "plugins" / "mine" / "written-by-hook.txt").read_text() == "x"
+    # its own directories are the real ones: its data directory writable, its plugin directory read-only
+    assert r.reply["plugin_dir"] == "Read-only file system"
+    assert not (home / "plugins" / "mine" / "written-by-hook.txt").exists()
     assert (home / "plugin_data" / "mine" / "written.txt").read_text() == "y"
     assert r.warnings == []
 
@@ -191,8 +196,9 @@ def test_allow_filesystem_false_keeps_home_hidden_and_only_the_data_dir_writable
     """
     r = run_hook(call(home, src, allow_filesystem=False))
     assert r.ok, (r.failure, r.stderr)
-    assert r.reply == {"plugin_dir": "Read-only file system", "data": "written", "home": "Read-only file system",
-                       "secret": False}
+    home_refusal = r.reply.pop("home")  # (this test's home is below /tmp: its path there is the hook's private /tmp's)
+    assert home_refusal in ("Read-only file system", "Permission denied")
+    assert r.reply == {"plugin_dir": "Read-only file system", "data": "written", "secret": False}
 
 
 def test_a_linked_plugin_dir_is_bound_back_where_the_hook_expects_it(home, tmp_path, mode):

@@ -303,19 +303,19 @@ def test_it_keeps_zygote_stdio_out_of_the_hook(tmp_path, monkeypatch):
 
 
 def test_it_falls_back_to_a_spawn_when_pythonpath_shadows_a_preloaded_module(tmp_path, monkeypatch):
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    (shadow / "json.py").write_text("SHADOW = True\ndef loads(s):\n    return {}\ndef dumps(o):\n    return '{\"shadow\": true}'\n")
     pdir = _plugin(tmp_path, """
         import json, os, sys
         sys.stdin.read()
         print(json.dumps({}))
         print("warm", b"warmstart_zygote" in open("/proc/1/cmdline", "rb").read(), file=sys.stderr)
     """)
+    shadow = pdir / "shadow"  # (the hook sees its own directories only)
+    shadow.mkdir()
+    (shadow / "json.py").write_text("SHADOW = True\ndef loads(s):\n    return {}\ndef dumps(o):\n    return '{\"shadow\": true}'\n")
     result = _run(_call(pdir, plugin_env={"PYTHONPATH": str(shadow)}), True, monkeypatch)
     assert result.ok, result.failure
     assert result.reply == {"shadow": True}  # the module a fresh interpreter imports, not the zygote's stdlib json
-    assert result.stderr.strip() == "warm False"  # the zygote refused to start: spawned normally
+    assert result.stderr.strip() == "warm False"  # a plugin's PYTHONPATH never reaches a zygote: spawned normally
     assert warmstart.zygote_pids() == []
 
 

@@ -7,7 +7,10 @@
  * Why C: a python fork of the spawner costs its page tables and copy-on-write faults, three times per call (keeper,
  * init, the hook before its exec); this program is a few pages (docs/architecture.md, "The sandbox").
  *
- * argv: WIRE parent_pid socket_fd user_ns(0|1) uid gid hide home_exists(0|1) [cgroup directory ...]
+ * argv: WIRE parent_pid socket_fd user_ns(0|1) uid gid hide home_exists(0|1) tmp_mb seccomp(hex BPF or "")
+ *       n_conceal conceal... [cgroup directory ...]
+ * The view is engine/process/sandbox_mounts.py's, step for step (prepare_view ahead of the call, bind_kept on it);
+ * the hook's identity, capabilities and seccomp filter are engine/process/sandbox_enter.py `_enter_last`'s.
  * The call arrives on socket_fd: one message whose data is the encoded call's length (4 bytes, big-endian) and whose
  * SCM_RIGHTS carry stdin, stdout, stderr, the exec error pipe and, optionally, a network namespace; then the encoded
  * call: NUL-terminated strings, a tag then its fields (engine/process/native_spare.py `encode_call`).
@@ -36,14 +39,19 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <grp.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
-#define WIRE "lfspare/1"
+#define WIRE "lfspare/2"
 #define READY "R" /* never the first byte of a wait status (low byte: 0, or a signal below 65) */
 #define SETUP_FAILED 126
 #define MAX_FDS 8
 #define MAX_CALL (1 << 20)
 #define MAX_ITEMS 4096
+#define MAX_COVERS 64
+#define MAX_MOUNTS 1024
 
 static const char *hide = "";
 
@@ -172,17 +180,24 @@ static char *read_all(const char *path) {
     return buf;
 }
 
-/* Returns 0, or -1 with errno and *what set when "/" or /sys could not be made read-only (others: best effort). */
-static int read_only_mounts(int read_only, char **writable, int n_writable, int sys_only, const char **what) {
-    if (read_only && !sys_only) {
-        struct stat st;
-        for (int i = 0; i < n_writable; i++) /* own mounts, so that they stay writable when nothing else is */
-            if (stat(writable[i], &st) == 0 && S_ISDIR(st.st_mode) &&
-                mount(writable[i], writable[i], NULL, MS_BIND | MS_REC, NULL) != 0) {
-                *what = writable[i];
-                return -1;
-            }
-    }
+/* The mounts of this namespace with the flags a user namespace locks on them (a bind of one must keep them). */
+static struct { char *point; unsigned long locked; } mounts[MAX_MOUNTS];
+static int n_mounts;
+
+static unsigned long locked_at(const char *path) {
+    size_t best = 0;
+    unsigned long flags = 0;
+    for (int i = 0; i < n_mounts; i++)
+        if (under(path, mounts[i].point) && strlen(mounts[i].point) >= best) {
+            best = strlen(mounts[i].point);
+            flags = mounts[i].locked;
+        }
+    return flags;
+}
+
+/* Every mount but /proc's and /dev's made read-only, its locked flags kept and recorded. Returns 0, or -1 with
+ * errno and *what set when "/" or /sys could not be made read-only (others: best effort). */
+static int read_only_mounts(const char **what) {
     char *info = read_all("/proc/self/mountinfo");
     if (!info) { *what = "/proc/self/mountinfo"; return -1; }
     static const struct { const char *name; unsigned long flag; } locked[] = {
@@ -200,18 +215,16 @@ static int read_only_mounts(int read_only, char **writable, int n_writable, int 
         if (nf < 6) continue;
         char *point = fields[4], *options = fields[5];
         unescape(point);
-        if (under(point, "/proc") || under(point, "/dev")) continue;
-        if (!under(point, "/sys")) {
-            if (sys_only || !read_only) continue;
-            int keep = 0;
-            for (int i = 0; i < n_writable && !keep; i++) keep = under(point, writable[i]);
-            if (keep) continue;
-        }
-        if (has_option(options, "ro")) continue;
-        unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+        unsigned long flags = 0;
         for (size_t i = 0; i < sizeof locked / sizeof locked[0]; i++)
             if (has_option(options, locked[i].name)) flags |= locked[i].flag;
-        if (mount(NULL, point, NULL, flags, NULL) != 0 && (strcmp(point, "/") == 0 || strcmp(point, "/sys") == 0)) {
+        if (n_mounts < MAX_MOUNTS) {
+            mounts[n_mounts].point = strdup(point);
+            mounts[n_mounts++].locked = flags;
+        }
+        if (under(point, "/proc") || under(point, "/dev") || has_option(options, "ro")) continue;
+        if (mount(NULL, point, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | flags, NULL) != 0 &&
+            (strcmp(point, "/") == 0 || strcmp(point, "/sys") == 0)) {
             *what = strcmp(point, "/") == 0 ? "read-only /" : "read-only /sys";
             rc = -1;
             break;
@@ -219,6 +232,101 @@ static int read_only_mounts(int read_only, char **writable, int n_writable, int 
     }
     free(info);
     return rc;
+}
+
+/* ---- the view, ahead of the call: private /tmp and /dev/shm, covers, read-only everything ------------------- */
+
+#define COVER_FLAGS (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+#define MASK "/tmp/.librefang-mask"
+static const char *private_dirs[] = {"/tmp", "/dev/shm"};
+
+static struct { const char *path; int fd; int sealed; } covers[MAX_COVERS + 2]; /* fd: as it is under its cover */
+static int n_covers;
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int seal(const char *path, int read_only) {
+    return mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | COVER_FLAGS | (read_only ? MS_RDONLY : 0), NULL);
+}
+
+/* Whether `path` lies below (or is) one of `tops` other than itself. */
+static int below_any(const char *path, const char **tops, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(path, tops[i]) != 0 && under(path, tops[i])) return 1;
+    return 0;
+}
+
+/* sandbox_mounts.py prepare_view. Returns 0, or -1 (the spare then exits: the call goes to a python child). */
+static int prepare_view(const char *home, char **conceal, int n_conceal, long tmp_mb) {
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -1; /* nothing here reaches the service */
+    const char *dirs[MAX_COVERS + 1], *files[MAX_COVERS], *outer[MAX_COVERS + 3];
+    int n_dirs = 0, n_files = 0, n_outer = 0;
+    for (int i = 0; i < n_conceal && i < MAX_COVERS; i++) {
+        if (is_dir(conceal[i])) dirs[n_dirs++] = conceal[i];
+        else if (is_file(conceal[i])) files[n_files++] = conceal[i];
+    }
+    if (home[0] && is_dir(home)) dirs[n_dirs++] = home;
+    for (int i = 0; tmp_mb > 0 && i < 2; i++) outer[n_outer++] = private_dirs[i];
+    for (int i = 0; i < n_dirs; i++) outer[n_outer++] = dirs[i];
+    for (int i = 0; tmp_mb > 0 && i < 2; i++)
+        if (is_dir(private_dirs[i])) {
+            covers[n_covers].path = private_dirs[i];
+            covers[n_covers].sealed = 0;
+            if ((covers[n_covers++].fd = open(private_dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
+        }
+    int first_dir = n_covers;
+    for (int i = 0; i < n_dirs; i++) {
+        int dup = 0;
+        for (int j = first_dir; j < n_covers; j++) dup |= strcmp(covers[j].path, dirs[i]) == 0;
+        if (dup || below_any(dirs[i], outer, n_outer)) continue;
+        covers[n_covers].path = dirs[i];
+        covers[n_covers].sealed = 1;
+        if ((covers[n_covers++].fd = open(dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
+    }
+    const char *what = NULL;
+    if (read_only_mounts(&what) != 0) return -1;
+    char data[64];
+    snprintf(data, sizeof data, "mode=1777,size=%ldm", tmp_mb);
+    for (int i = 0; i < first_dir; i++)
+        if (mount("tmpfs", covers[i].path, "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return -1;
+    for (int i = first_dir; i < n_covers; i++)
+        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0 ||
+            seal(covers[i].path, 1) != 0)
+            return -1;
+    int masked = 0;
+    for (int i = 0; i < n_files; i++) {
+        if (below_any(files[i], outer, n_outer)) continue;
+        if (!masked) { /* an unreadable empty file on the private /tmp, bound over each, unlinked once bound */
+            int fd = open(MASK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+            if (fd < 0) return -1;
+            close(fd);
+            masked = 1;
+        }
+        if (mount(MASK, files[i], NULL, MS_BIND, NULL) != 0 ||
+            mount(NULL, files[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | COVER_FLAGS, NULL) != 0) {
+            unlink(MASK);
+            return -1;
+        }
+    }
+    if (masked) unlink(MASK);
+    return 0;
+}
+
+static int deepest_cover(const char *path, int want_fd) {
+    int best = -1;
+    for (int i = 0; i < n_covers; i++)
+        if ((!want_fd || covers[i].fd >= 0) && under(path, covers[i].path) &&
+            (best < 0 || strlen(covers[i].path) > strlen(covers[best].path)))
+            best = i;
+    return best;
 }
 
 /* ---- keeper and init ---------------------------------------------------------------------------------------- */
@@ -283,10 +391,9 @@ static void become_init(int status_w) {
 
 struct call {
     char *kept_path[64], *kept_real[64];
-    int n_kept;
-    char *writable[64];
-    int n_writable;
-    int read_only, new_net, netns_index;
+    int kept_writable[64], n_kept;
+    int new_net, netns_index, seccomp;
+    long long hook_uid, hook_gid;
     int rl_resource[32];
     long long rl_soft[32], rl_hard[32];
     int n_rlimits;
@@ -342,20 +449,23 @@ static int parse_call(char *body, uint32_t length, struct call *c) {
         items[n++] = p;
     memset(c, 0, sizeof *c);
     c->netns_index = -1;
+    c->hook_uid = c->hook_gid = -1;
     for (int i = 0; i < n;) {
         const char *tag = items[i++];
-        int need = !strcmp(tag, "K") ? 2 : !strcmp(tag, "L") ? 3 : !strcmp(tag, "R") ? 0 : 1;
+        int need = !strcmp(tag, "K") || !strcmp(tag, "L") ? 3 : !strcmp(tag, "U") ? 2 : !strcmp(tag, "S") ? 0 : 1;
         if (i + need > n) return -1;
         if (!strcmp(tag, "K") && c->n_kept < 64) {
             c->kept_path[c->n_kept] = items[i];
-            c->kept_real[c->n_kept++] = items[i + 1];
-        } else if (!strcmp(tag, "W") && c->n_writable < 64) {
-            c->writable[c->n_writable++] = items[i];
-        } else if (!strcmp(tag, "R")) {
-            c->read_only = 1;
+            c->kept_real[c->n_kept] = items[i + 1];
+            c->kept_writable[c->n_kept++] = items[i + 2][0] == '1';
         } else if (!strcmp(tag, "N")) {
             c->new_net = 1;
             c->netns_index = atoi(items[i]);
+        } else if (!strcmp(tag, "U")) {
+            c->hook_uid = strtoll(items[i], NULL, 10);
+            c->hook_gid = strtoll(items[i + 1], NULL, 10);
+        } else if (!strcmp(tag, "S")) {
+            c->seccomp = 1;
         } else if (!strcmp(tag, "L") && c->n_rlimits < 32) {
             c->rl_resource[c->n_rlimits] = atoi(items[i]);
             c->rl_soft[c->n_rlimits] = strtoll(items[i + 1], NULL, 10);
@@ -374,9 +484,10 @@ static int parse_call(char *body, uint32_t length, struct call *c) {
     return c->argc > 0 && c->cwd ? 0 : -1;
 }
 
-static void make_dirs(const char *path) { /* os.makedirs(path, exist_ok=True), in the tmpfs covering the home */
+static void make_dirs(const char *path) { /* os.makedirs(path, 0o755, exist_ok=True) in a cover, whatever the umask */
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return;
+    mode_t mask = umask(0);
     for (char *p = buf + 1; *p; p++)
         if (*p == '/') {
             *p = '\0';
@@ -384,6 +495,96 @@ static void make_dirs(const char *path) { /* os.makedirs(path, exist_ok=True), i
             *p = '/';
         }
     mkdir(buf, 0755);
+    umask(mask);
+}
+
+static void make_mount_point(const char *path, int directory) {
+    if (directory) {
+        make_dirs(path);
+        return;
+    }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = '\0';
+        make_dirs(parent);
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) close(fd);
+}
+
+/* sandbox_mounts.py bind_kept: the call's directories bound back at their paths through the covers, the writable
+ * ones read-write, the others read-only; covers opened for a mount point are sealed again. */
+static void bind_kept(struct call *c) {
+    int opened[MAX_COVERS + 2] = {0};
+    for (int i = 0; i < c->n_kept; i++) {
+        const char *real = c->kept_real[i], *path = c->kept_path[i];
+        int src = deepest_cover(real, 1), fd;
+        if (src < 0) {
+            fd = open(real, O_PATH | O_CLOEXEC);
+        } else {
+            const char *rel = real + strlen(covers[src].path);
+            while (*rel == '/') rel++;
+            fd = *rel ? openat(covers[src].fd, rel, O_PATH | O_CLOEXEC) : dup(covers[src].fd);
+        }
+        if (fd < 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), real);
+        struct stat st;
+        if (fstat(fd, &st) != 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), real);
+        int cover = deepest_cover(path, 0);
+        if (cover >= 0) {
+            if (covers[cover].sealed && !opened[cover]) {
+                if (seal(covers[cover].path, 0) != 0) fail("mount %s: %s", covers[cover].path, strerror(errno));
+                opened[cover] = 1;
+            }
+            make_mount_point(path, S_ISDIR(st.st_mode));
+        }
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
+        if (mount(source, path, NULL, MS_BIND | MS_REC, NULL) != 0) fail("mount %s: %s", path, strerror(errno));
+        close(fd);
+        unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked_at(real);
+        if (mount(NULL, path, NULL, c->kept_writable[i] ? flags : flags | MS_RDONLY, NULL) != 0)
+            fail("mount %s: %s", path, strerror(errno));
+    }
+    for (int i = 0; i < n_covers; i++) {
+        if (opened[i] && seal(covers[i].path, 1) != 0) fail("mount %s: %s", covers[i].path, strerror(errno));
+        if (covers[i].fd >= 0) close(covers[i].fd);
+        covers[i].fd = -1;
+    }
+}
+
+/* sandbox_enter.py become: the hook's own host identity for good, no supplementary groups. */
+static void become(long long uid, long long gid) {
+    if (setgroups(0, NULL) != 0) fail("setgroups: %s", strerror(errno));
+    if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) != 0) fail("setresgid: %s", strerror(errno));
+    if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) fail("setresuid: %s", strerror(errno));
+    uid_t r, e, sv;
+    if (getresuid(&r, &e, &sv) != 0 || r != (uid_t)uid || e != (uid_t)uid || sv != (uid_t)uid)
+        fail("could not drop to uid %lld", uid);
+}
+
+/* The seccomp filter (sandbox_seccomp.py compiles it in the spawner, which hands it over in argv as hex). */
+static unsigned char *filter;
+static size_t filter_len;
+
+static int parse_filter(const char *hex) {
+    size_t n = strlen(hex);
+    if (n == 0) return 0;
+    if (n % 16 != 0 || !(filter = malloc(n / 2))) return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned int byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) return -1;
+        filter[i] = (unsigned char)byte;
+    }
+    filter_len = n / 2;
+    return 0;
+}
+
+static void load_filter(void) {
+    if (!filter_len) fail("no seccomp filter: the spawner passed none");
+    struct sock_fprog prog = {(unsigned short)(filter_len / sizeof(struct sock_filter)), (struct sock_filter *)filter};
+    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0), "seccomp");
 }
 
 /* Whether this process has capabilities; if so its bounding set emptied (what an exec may gain: the capabilities it
@@ -400,44 +601,14 @@ static void empty_bounding_set(void) {
             if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno == EINVAL) break;
 }
 
-/* The call's part of the view (the home's kept directories bound back, read-only mounts, network), then the hook's
- * own limits, stdio and exec. */
-static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
+/* The call's part of the view (its directories bound back, network), then the hook's own limits, identity,
+ * capabilities, seccomp filter, stdio and exec. */
+static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
     if (n_fds < 4) _exit(0);
     call_stderr = fds[2];
     int exec_error;
-    struct stat st;
-    if (home_fd < 0 && hide[0] && stat(hide, &st) == 0 && S_ISDIR(st.st_mode))
-        fail("%s appeared after this sandbox was prepared: not covered", hide);
-    if (home_fd >= 0) {
-        int kept_fd[64];
-        for (int i = 0; i < c->n_kept; i++) {
-            const char *real = c->kept_real[i];
-            if (under(real, hide)) { /* reached through the covered home, as `enter` opens it before covering */
-                const char *rel = real + strlen(hide);
-                while (*rel == '/') rel++;
-                kept_fd[i] = openat(home_fd, *rel ? rel : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-            } else { /* a linked plugin directory outside the home */
-                kept_fd[i] = open(real, O_PATH | O_DIRECTORY | O_CLOEXEC);
-            }
-            if (kept_fd[i] < 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), real);
-        }
-        close(home_fd);
-        for (int i = 0; i < c->n_kept; i++) {
-            char source[64];
-            snprintf(source, sizeof source, "/proc/self/fd/%d", kept_fd[i]);
-            make_dirs(c->kept_path[i]);
-            if (mount(source, c->kept_path[i], NULL, MS_BIND | MS_REC, NULL) != 0)
-                fail("mount %s: %s", c->kept_path[i], strerror(errno));
-            close(kept_fd[i]);
-        }
-        if (mount(NULL, hide, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)
-            fail("mount %s: %s", hide, strerror(errno));
-    }
-    if (c->read_only) {
-        const char *what = NULL;
-        if (read_only_mounts(1, c->writable, c->n_writable, 0, &what) != 0) fail("%s: %s", what, strerror(errno));
-    }
+    if (!home_exists && hide[0] && is_dir(hide)) fail("%s appeared after this sandbox was prepared: not covered", hide);
+    bind_kept(c);
     if (c->new_net) {
         if (c->netns_index >= 0) { /* the plugin's own empty network namespace, kept by the spawner */
             if (c->netns_index >= n_fds) fail("setns(CLONE_NEWNET): no namespace passed");
@@ -458,11 +629,13 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
     exec_error = moved[3];
     call_stderr = 2;
     close_all_but(3, exec_error, -1);
-    /* the hook's own limits, no capabilities now or after exec, no setuid gains, then its directory */
+    /* the hook's own limits and identity, no capabilities now or after exec, no setuid gains, the seccomp filter,
+     * then its directory */
     for (int i = 0; i < c->n_rlimits; i++) {
         struct rlimit rl = {(rlim_t)c->rl_soft[i], (rlim_t)c->rl_hard[i]};
         check(setrlimit(c->rl_resource[i], &rl), "setrlimit");
     }
+    if (c->hook_uid >= 0) become(c->hook_uid, c->hook_gid);
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     if (capable) { /* (the bounding set was emptied before the call: empty_bounding_set) */
         struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
@@ -470,6 +643,7 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
         memset(data, 0, sizeof data);
         check((int)syscall(SYS_capset, &header, data), "capset");
     }
+    if (c->seccomp) load_filter();
     if (chdir(c->cwd) != 0) fail("[Errno %d] %s: '%s'", errno, strerror(errno), c->cwd);
     c->argv[c->argc] = NULL;
     c->env[c->envc] = NULL;
@@ -483,23 +657,28 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_fd) {
 /* ---- ahead of the call: the spare ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
-    if (argc < 9 || strcmp(argv[1], WIRE) != 0) return 2;
+    if (argc < 12 || strcmp(argv[1], WIRE) != 0) return 2;
     pid_t parent = (pid_t)atoi(argv[2]);
     int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
+    long tmp_mb = atol(argv[9]);
+    int n_conceal = atoi(argv[11]);
+    if (n_conceal < 0 || n_conceal > MAX_COVERS || 12 + n_conceal > argc || parse_filter(argv[10]) != 0) return 2;
+    char **conceal = argv + 12;
     hide = argv[7];
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* the spawner's ignored signals are inherited */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     close_all_but(3, sock, -1);
-    for (int i = 9; i < argc; i++) { /* first: everything this process starts is counted */
+    for (int i = 12 + n_conceal; i < argc; i++) { /* first: everything this process starts is counted */
         char path[4096];
         snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]);
         if (write_file(path, "0") != 0) _exit(0);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() != parent) _exit(137);
-    if (unshare(CLONE_NEWNS | CLONE_NEWPID | (user_ns ? CLONE_NEWUSER : 0)) != 0) _exit(0);
+    if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (user_ns ? CLONE_NEWUSER : 0)) != 0)
+        _exit(0);
     if (user_ns) {
         char map[64];
         if (write_file("/proc/self/setgroups", "deny") != 0) _exit(0);
@@ -508,15 +687,7 @@ int main(int argc, char **argv) {
         snprintf(map, sizeof map, "%s %s 1", argv[6], argv[6]);
         if (write_file("/proc/self/gid_map", map) != 0) _exit(0);
     }
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(0); /* nothing here reaches the service */
-    int home_fd = -1;
-    if (home_exists) {
-        /* the home as it is under the tmpfs, in this mount namespace: the call's directories are bound from here */
-        home_fd = open(hide, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        if (home_fd < 0 || mount("tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0) _exit(0);
-    }
-    const char *what = NULL;
-    if (read_only_mounts(0, NULL, 0, 1, &what) != 0) _exit(0);
+    if (prepare_view(home_exists ? hide : "", conceal, n_conceal, tmp_mb) != 0) _exit(0);
     int status_pipe[2];
     if (pipe2(status_pipe, O_CLOEXEC) != 0) _exit(0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -544,6 +715,6 @@ int main(int argc, char **argv) {
         call_stderr = n_fds > 2 ? fds[2] : -1;
         fail("the call could not be read");
     }
-    run_call(c, fds, n_fds, home_fd);
+    run_call(c, fds, n_fds, home_exists);
     return 0;
 }

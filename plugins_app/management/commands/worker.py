@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from engine.plugins.bundles import cache_usage
-from engine.process import warmstart
+from engine.process import sandbox, warmstart
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
 from plugins_app.services import bundles, prewarm_worker
@@ -126,7 +126,8 @@ class Command(BaseCommand):
                 stream.heartbeat({"pid": os.getpid(), "host": socket.gethostname(), **loop.snapshot(),
                                   "concurrency": concurrency, "deferred": stream.deferred_count(),
                                   "load": _load_average(), "bundle_cache": bundle_cache.usage(),
-                                  "zygote_pids": warmstart.zygote_pids()})
+                                  "zygote_pids": warmstart.zygote_pids(),
+                                  "sandbox_degraded": sandbox.degraded_reasons()})
                 backoff.ok()
                 loop.stop.wait(HEARTBEAT_EVERY_SECS)
             except REDIS_DOWN as exc:

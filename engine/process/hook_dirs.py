@@ -1,0 +1,158 @@
+"""A hook's own directories on the host, made ready by the service (outside the sandbox, as root) for the
+unprivileged identity the hook runs as (engine/process/identity.py): its data directory owned by that identity
+(mode 0700), its plugin directory readable by that identity's group (never writable: the sandbox binds it
+read-only), and the files the service itself puts in the data directory for the hook (`write_private`).
+
+The data directory is the hook's to write: everything the service does there must survive a hook that replaced
+any entry with a symlink (or a hard link) meanwhile. So nothing here follows a link inside it: directories are
+walked by descriptor (os.fwalk), ownership changed without following links, files created with O_EXCL|O_NOFOLLOW
+and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+Ids = tuple[int, int]
+
+
+def prepare_data_dir(data_dir: Path, ids: Ids | None, private_tmp: bool = False) -> None:
+    """Create the data directory (and its `tmp`, for allow_filesystem = false) and hand it to `ids` (None: the
+    service's own user runs hooks; nothing to hand over). Raises OSError."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if private_tmp:
+        try:
+            os.mkdir(data_dir / "tmp", 0o700)
+        except FileExistsError:
+            pass
+    if ids is None:
+        return
+    top = os.lstat(data_dir)
+    if (top.st_uid, top.st_gid) != ids or stat.S_IMODE(top.st_mode) != 0o700:
+        hand_over(data_dir, ids)
+    elif private_tmp:
+        os.chown(data_dir / "tmp", *ids, follow_symlinks=False)
+
+
+def hand_over(directory: Path, ids: Ids) -> None:
+    """Give `directory` and everything below it to `ids`, following no link; a file with more than one link (it
+    may be a hard link to a file elsewhere) keeps its owner."""
+    os.chown(directory, *ids, follow_symlinks=False)
+    os.chmod(directory, 0o700)  # (its parent is the service's: a hook cannot have replaced it)
+    for _root, dirs, files, fd in os.fwalk(directory, follow_symlinks=False):
+        for name in dirs + files:
+            try:
+                st = os.lstat(name, dir_fd=fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    continue
+                os.chown(name, *ids, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+
+def make_readable(plugin_dir: Path, script: Path | None, gid: int) -> None:
+    """Let the hook's group read (and traverse, and run what its owner may run) the plugin directory, unless it
+    can already (group or others). Checked on the directory and the script (two stats per call); when either is not
+    readable, the whole tree is fixed. Never adds write permission; removes the group's."""
+    probe = [plugin_dir] + ([script] if script is not None else [])
+    if all(_readable(os.stat(path), gid) for path in probe):
+        return
+    _share_with_group(plugin_dir, gid)
+
+
+def _readable(st: os.stat_result, gid: int) -> bool:
+    need = 0o5 if stat.S_ISDIR(st.st_mode) else 0o4
+    return (st.st_mode & need) == need or (st.st_gid == gid and (st.st_mode >> 3) & need == need)
+
+
+def _share_with_group(top: Path, gid: int) -> None:
+    real = os.path.realpath(top)
+    _group_read(real, None, gid)
+    for _root, dirs, files, fd in os.fwalk(real, follow_symlinks=False):
+        for name in dirs + files:
+            _group_read(name, fd, gid)
+
+
+def _group_read(name: str, dir_fd: int | None, gid: int) -> None:
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return  # links are followed to what they point at, which is checked on its own (or refused: path checks)
+    mode = stat.S_IMODE(st.st_mode)
+    new = (mode | 0o040 | (0o010 if stat.S_ISDIR(st.st_mode) or mode & 0o100 else 0)) & ~0o020
+    if st.st_gid != gid:
+        os.chown(name, -1, gid, dir_fd=dir_fd, follow_symlinks=False)
+    if new != mode or st.st_gid != gid:  # (chown clears set-id bits: the mode is written again)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            if stat.S_IFMT(os.fstat(fd).st_mode) == stat.S_IFMT(st.st_mode):  # still what was looked at, no link
+                os.chmod(f"/proc/self/fd/{fd}", new & ~0o6000)
+        finally:
+            os.close(fd)
+
+
+def write_private(data_dir: Path, rel: str, text: str, ids: Ids | None, replace: bool = True) -> Path:
+    """Write `text` to `data_dir/rel` for the hook: created beside it with O_EXCL (never through a link), owned by
+    `ids`, renamed into place (`replace=False`: only when nothing is there yet). The directories on the way are made
+    without following links. Returns the path. Raises OSError."""
+    parts = Path(rel).parts
+    dir_fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, 0o700, dir_fd=dir_fd)
+                if ids is not None:
+                    os.chown(part, *ids, dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = inner
+        name = parts[-1]
+        if not replace:
+            try:
+                os.lstat(name, dir_fd=dir_fd)
+                return data_dir / rel
+            except FileNotFoundError:
+                pass
+        tmp = f".{name}.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w", closefd=False) as fh:
+                fh.write(text)
+            if ids is not None:
+                os.fchown(fd, *ids)
+        finally:
+            os.close(fd)
+        if replace:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            try:
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            os.unlink(tmp, dir_fd=dir_fd)
+        return data_dir / rel
+    finally:
+        os.close(dir_fd)
+
+
+def read_private(data_dir: Path, rel: str, limit: int = 1 << 20) -> str | None:
+    """The text of the regular file `data_dir/rel` as the service may read it in the hook's directory (no link
+    followed at its name, nothing that blocks, at most `limit` bytes), or None."""
+    try:
+        fd = os.open(data_dir / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+        return data.decode("utf-8", "replace") if len(data) <= limit else None
+    finally:
+        os.close(fd)
