@@ -5,8 +5,9 @@ A call is `engine.process.runner.run_hook` of the bench's python hook (`tests/fi
 `allow_network = false`), as the worker makes it. "Our own CPU" is everything the call costs but the hook's own
 process: this process (the worker's side), the zygote or spawner (its own CPU and what it reaped: spare, keeper,
 init and the hook) minus the hook process's own CPU, which the hook reports itself (RUSAGE_SELF at its end: its
-interpreter's start-up and script, and what the sandbox did in that process before its exec). The kernel's
-deferred namespace teardown (kworkers) is in neither.
+interpreter's start-up and script, and what the sandbox did in that process before its exec: so `total_cpu_ms`,
+the same with the hook's process in, is printed too; the hook being the same on both sides, its difference between
+two trees is the sandbox's). The kernel's deferred namespace teardown (kworkers) is in neither.
 
 With `--against TREE` (another checkout, e.g. `git worktree add /tmp/base 71929df` with its native spare built),
 rounds alternate between this tree and that one, each in a fresh process, so both see the same machine; the
@@ -75,7 +76,8 @@ def one_round(calls: int) -> dict:
             time.sleep(0.02)  # the helper prepares its next spare after the answer, as between agents' calls
         time.sleep(0.3)
         total = sum(map(_proc_cpu, helpers)) - before + _self_ms() - own
-        out[mode] = {"p50_ms": round(statistics.median(walls), 3), "own_cpu_ms": round((total - hook_cpu) / calls, 3)}
+        out[mode] = {"p50_ms": round(statistics.median(walls), 3), "own_cpu_ms": round((total - hook_cpu) / calls, 3),
+                     "total_cpu_ms": round(total / calls, 3)}
     warmstart.shutdown()
     return out
 
@@ -100,9 +102,9 @@ def main() -> int:
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{calls} calls per round, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; medians of the rounds")
     for mode in ("warm", "cold"):
-        for key in ("p50_ms", "own_cpu_ms"):
+        for key in ("p50_ms", "own_cpu_ms", "total_cpu_ms"):
             med = {name: statistics.median(r[mode][key] for r in runs) for name, runs in results.items()}
-            line = f"{mode:5} {key:11} this {med['this']:7.3f}"
+            line = f"{mode:5} {key:12} this {med['this']:7.3f}"
             if against:
                 line += f"   other {med['other']:7.3f}   this/other {med['this'] / med['other']:.3f}"
             print(line)
