@@ -159,6 +159,7 @@ def hook_call_for(entry: CatalogEntry, hook: str, request: dict, home: Home, tim
         max_processes=_explicit(settings.max_processes, granted.max_processes, BASELINE_PROCESSES),
         home_dir=home.root,
         wasm_capabilities=granted.wasm_capabilities,
+        max_disk_mb=granted.max_disk_mb,  # the operator's [limits] max_disk_mb (no manifest asks for disk)
     )
 
 

@@ -49,15 +49,15 @@ def hooks_valid(plugin_dir: Path, scripts: dict[str, str]) -> bool:
 
 
 def add_sandbox_findings(add) -> None:
-    """`sandbox.degraded`: this OS refuses the hook namespaces (engine/process/sandbox.py), so every subprocess hook runs
-    without its private view of the filesystem and processes. Probed once per process."""
+    """`sandbox.degraded`: subprocess hooks here get less than their whole sandbox (engine/process/sandbox.py: no
+    namespaces, no host uid of their own, or no seccomp filter). Probed once per process."""
     from engine.process.sandbox import degraded_reasons
 
     reasons = degraded_reasons()
     if reasons:
-        add(F.warning("sandbox.degraded", "hooks run without their own namespaces: " + "; ".join(reasons),
-                      "Run the service as root, or allow unprivileged user namespaces "
-                      "(user.max_user_namespaces > 0); see docs/compatibility.md."))
+        add(F.warning("sandbox.degraded", "hooks run with less than their whole sandbox: " + "; ".join(reasons),
+                      "Run the service as root with libseccomp installed (or at least allow unprivileged user "
+                      "namespaces: user.max_user_namespaces > 0); see docs/security.md."))
 
 
 def lint_plugin(plugin_dir: Path, installed: set[str] | None = None, wasm_policy: Any = None) -> LintReport:

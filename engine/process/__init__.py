@@ -5,6 +5,10 @@ disk nor hook semantics.
     runtimes.py            runtime tags, launchers, commands
     hook_call.py           HookCall (one call, as the runner takes it) and HookResult
     runner.py              one hook call: environment, sandbox spec, spawn (or fork from the zygote)
+    hook_view.py           what a hook's view conceals and binds back (the policy's paths, docs/security.md)
+    identity.py            the host uid/gid a plugin's hooks run as ([sandbox] in config.toml)
+    hook_dirs.py           the hook's directories made ready for that identity, outside the sandbox
+    sandboxed_command.py   a plugin's non-hook command (install-deps' build) in the same sandbox
     hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
     sandbox.py             what a hook's sandbox is, probing, and the names its callers use from:
     sandbox_enter.py       the SandboxSpec and `enter`, applied in the child (namespaces, rlimits, capabilities)
@@ -13,6 +17,7 @@ disk nor hook semantics.
     sandbox_tree.py        the keeper/init/hook processes of a sandboxed call
     sandbox_cgroups.py     per-call cgroups (memory and pids limits)
     sandbox_libc.py        the libc calls (unshare, mount, prctl, capset) and their constants
+    sandbox_seccomp.py     the hooks' seccomp filter (libseccomp), and loading it
     pids.py                whether a pid still runs (the sandbox's cgroup cleanup, and the supervisor panel)
     warmstart.py           the zygotes and the spawner, kept warm
     zygote_client.py       the worker's handle on one zygote (start, hand it a call) and on the child it forked

@@ -13,12 +13,13 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
   hook ends, init ends with its exit status, and the kernel kills everything left in the namespace: detached,
   double-forked or pipe-holding descendants cannot outlive the call. When the keeper is killed (timeout), init gets
   PDEATHSIG and the namespace dies the same way. The keeper mirrors the hook's exit status (signal included).
-- a private mount namespace: `$LIBREFANG_HOME` is covered by an empty read-only tmpfs, and only the plugin's own
-  directory and its data directory are bound back at the same paths; /sys and /proc/sys are read-only (the hook's
-  cgroup limits stay where they are); with `allow_filesystem = false` every other mount is read-only too, except
-  the writable directories (the data dir).
-- an empty network namespace when `allow_network = false`.
-- no capabilities and no_new_privs (root hooks cannot undo the mounts; a user namespace's powers end at exec anyway).
+- a private mount namespace, every mount read-only: `$LIBREFANG_HOME` and what else the caller conceals (the code
+  tree, /root, /home, /run, credential files; with `allow_filesystem = false` every non-system top-level directory)
+  covered, the plugin's own directory (read-only) and its data directory (writable) bound back at the same paths,
+  a private tmpfs on /tmp and /dev/shm (engine/process/sandbox_mounts.py).
+- its own IPC and UTS namespaces; an empty network namespace when `allow_network = false`.
+- a host identity of its own (a root service: `hook_uid`/`hook_gid`, its init drops to it too), no capabilities,
+  no_new_privs and the seccomp filter (engine/process/sandbox_seccomp.py), all before it runs anything.
 - rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
   processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
   creates it with `Cgroups.create`; `enter` moves the hook in before anything else), or one the zygote's spare
@@ -38,6 +39,7 @@ This module is the one its callers import: the probing is here, the rest is name
     sandbox_tree.py      the keeper/init/hook processes of a sandboxed call
     sandbox_cgroups.py   per-call cgroups (memory and pids limits)
     sandbox_libc.py      the libc calls (unshare, mount, prctl, capset) and their constants
+    sandbox_seccomp.py   the seccomp filter (libseccomp) and its loading
 """
 
 from __future__ import annotations

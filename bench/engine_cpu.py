@@ -1,0 +1,116 @@
+"""Our own CPU per engine call, warm and cold, and the call's p50: `bench/engine_cpu.py [calls] [--against TREE]
+[--rounds N]`.
+
+A call is `engine.process.runner.run_hook` of the bench's python hook (`tests/fixtures/wasm/reflect.py`'s shape, with
+`allow_network = false`), as the worker makes it. "Our own CPU" is everything the call costs but the hook's own
+process: this process (the worker's side), the zygote or spawner (its own CPU and what it reaped: spare, keeper,
+init and the hook) minus the hook process's own CPU, which the hook reports itself (RUSAGE_SELF at its end: its
+interpreter's start-up and script, and what the sandbox did in that process before its exec: so `total_cpu_ms`,
+the same with the hook's process in, is printed too; the hook being the same on both sides, its difference between
+two trees is the sandbox's). The kernel's deferred namespace teardown (kworkers) is in neither.
+
+With `--against TREE` (another checkout, e.g. `git worktree add /tmp/base 71929df` with its native spare built),
+rounds alternate between this tree and that one, each in a fresh process, so both see the same machine; the
+medians of the rounds are printed side by side with their ratio. This is the figure the containment's cost limit
+is stated in (docs/security.md: at most +10 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+HOOK = ("import json, resource, sys\nreq = sys.stdin.read()\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(json.dumps({'cpu_ms': (u.ru_utime + u.ru_stime) * 1000, 'n': len(req)}))\n")
+
+
+def _proc_cpu(pid: int) -> float:
+    """Own + reaped children CPU ms of `pid`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = 1000 / os.sysconf("SC_CLK_TCK")
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) * tick
+
+
+def _self_ms() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return (u.ru_utime + u.ru_stime) * 1000
+
+
+def one_round(calls: int) -> dict:
+    """In this tree: `calls` warm then `calls` cold calls; {mode: {"p50_ms", "own_cpu_ms"}}."""
+    sys.path.insert(0, str(HERE))
+    from engine.process import warmstart
+    from engine.process.runner import HookCall, run_hook
+    from engine.process.runtimes import resolve_tag
+
+    root = Path(tempfile.mkdtemp(prefix="lf-engine-cpu-"))
+    home, pdir = root / "home", root / "home" / "plugins" / "bench_py"
+    (pdir / "hooks").mkdir(parents=True)
+    (pdir / "hooks" / "ingest.py").write_text(HOOK)
+    out = {}
+    for mode in ("warm", "cold"):
+        os.environ["LIBREFANG_WARM_START"] = "1" if mode == "warm" else "0"
+        warmstart.shutdown()
+        call = HookCall(plugin_dir=pdir, script="hooks/ingest.py", runtime=resolve_tag("python"),
+                        request={"agent_id": "a", "message": "hello " * 20}, timeout_secs=20,
+                        data_dir=home / "plugin_data" / "bench_py", home_dir=home, allow_network=False)
+        for _ in range(5):  # helpers started, spares prepared
+            assert run_hook(call).ok
+            time.sleep(0.02)
+        helpers = warmstart.helper_pids()
+        before, own, walls, hook_cpu = sum(map(_proc_cpu, helpers)), _self_ms(), [], 0.0
+        for _ in range(calls):
+            started = time.perf_counter()
+            result = run_hook(call)
+            walls.append((time.perf_counter() - started) * 1000)
+            assert result.ok, (result.failure, result.stderr)
+            hook_cpu += result.reply["cpu_ms"]
+            time.sleep(0.02)  # the helper prepares its next spare after the answer, as between agents' calls
+        time.sleep(0.3)
+        total = sum(map(_proc_cpu, helpers)) - before + _self_ms() - own
+        out[mode] = {"p50_ms": round(statistics.median(walls), 3), "own_cpu_ms": round((total - hook_cpu) / calls, 3),
+                     "total_cpu_ms": round(total / calls, 3)}
+    warmstart.shutdown()
+    return out
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if args and args[0] == "--round":
+        print(json.dumps(one_round(int(args[1]))))
+        return 0
+    calls = int(args[0]) if args and not args[0].startswith("--") else 100
+    against = Path(args[args.index("--against") + 1]) if "--against" in args else None
+    rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
+    trees = [("this", HERE)] + ([("other", against)] if against else [])
+    results: dict = {name: [] for name, _ in trees}
+    for _ in range(rounds):
+        for name, tree in trees:
+            script = tree / "bench" / "engine_cpu.py"
+            if not script.exists():
+                script.write_text(Path(__file__).read_text())  # (a tree from before this script)
+            done = subprocess.run([sys.executable, str(script), "--round", str(calls)], capture_output=True,
+                                  text=True, check=True, cwd=tree)
+            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"{calls} calls per round, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; medians of the rounds")
+    for mode in ("warm", "cold"):
+        for key in ("p50_ms", "own_cpu_ms", "total_cpu_ms"):
+            med = {name: statistics.median(r[mode][key] for r in runs) for name, runs in results.items()}
+            line = f"{mode:5} {key:12} this {med['this']:7.3f}"
+            if against:
+                line += f"   other {med['other']:7.3f}   this/other {med['this'] / med['other']:.3f}"
+            print(line)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
