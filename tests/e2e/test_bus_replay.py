@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from tests.e2e.live import LiveService
+from tests.e2e.test_engine_worker_crash import wait_until
 from tests.plugin_factory import make_plugin, write_config
 
 # Appends one line per run to its data directory: how many times it really ran.
@@ -79,15 +80,6 @@ def settled(svc: LiveService, r: redis.Redis, timeout: float = 20) -> None:
     raise AssertionError("the job stream did not drain")
 
 
-def wait_for(cond, timeout: float = 30) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
-
-
 def test_it_never_runs_a_replayed_job_twice(live):
     make_plugin(live.home / "plugins", "replay-counter", {"after_turn": COUNTING_AFTER_TURN})
     write_config(live.home, plugin="replay-counter")
@@ -95,12 +87,12 @@ def test_it_never_runs_a_replayed_job_twice(live):
     status, _ = live.hook("after_turn", {"agent_id": "replayed", "messages": [{"role": "user", "content": "x"}]})
     assert status == 202
     fields = sniffer.first()
-    assert wait_for(lambda: runs(live, "replay-counter") == ["replayed"])
+    assert wait_until(lambda: runs(live, "replay-counter") == ["replayed"], 30)
     for _ in range(3):  # the same signed fields, XADDed again
         sniffer.r.xadd(stream_of(live), fields)
     settled(live, sniffer.r)
     status, _ = live.hook("after_turn", {"agent_id": "fresh", "messages": [{"role": "user", "content": "y"}]})
-    assert wait_for(lambda: "fresh" in runs(live, "replay-counter"))
+    assert wait_until(lambda: "fresh" in runs(live, "replay-counter"), 30)
     assert runs(live, "replay-counter").count("replayed") == 1
 
 
@@ -127,7 +119,7 @@ def test_a_job_pending_on_a_dead_worker_still_runs_once_and_its_replay_does_not(
     svc.kill_worker()
     assert runs(svc, "replay-counter") == []
     svc.start_worker()  # takes the dead worker's pending job (XCLAIM) once its heartbeat has expired: not a replay
-    assert wait_for(lambda: runs(svc, "replay-counter") == ["pending"], timeout=60)
+    assert wait_until(lambda: runs(svc, "replay-counter") == ["pending"], timeout=60)
     sniffer.r.xadd(stream_of(svc), fields)  # and now the same signed job again, as a first delivery
     settled(svc, sniffer.r, timeout=30)
     time.sleep(4)  # a second run would have finished by now
