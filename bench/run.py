@@ -29,6 +29,8 @@ sys.path.insert(0, str(REPO))
 from engine.home import Home  # noqa: E402
 from engine.invoke import invoke  # noqa: E402
 from engine.plugins.catalog import Catalog  # noqa: E402
+from engine.plugins.loader import manifest_sha256  # noqa: E402
+from engine.plugins.permissions import MemoryApprovals, PermissionPolicy  # noqa: E402
 from engine.process import warmstart  # noqa: E402
 from engine.process.runtimes import find_launcher  # noqa: E402
 from tests.e2e.live import LiveService  # noqa: E402
@@ -124,18 +126,23 @@ class DirectSpawn:
 
 
 class EngineDirect:
-    """engine.invoke.invoke: catalog lookup (cached by mtime), request -> HookCall, run_hook, recording."""
+    """engine.invoke.invoke: catalog lookup (cached by mtime), request -> HookCall, run_hook, recording. The bench
+    plugins' manifests are approved, as an owner's install approves them in the service."""
 
     def __init__(self, home: Path):
         self.home = Home(home)
         self.catalog = Catalog(self.home)
         self.sink = NullSink()
+        approvals = MemoryApprovals()
+        for name in self.catalog.names():
+            approvals.approve(name, manifest_sha256((self.home.plugin_dir(name) / "plugin.toml").read_text()))
+        self.policy = PermissionPolicy(approvals)
 
     def once(self, plugin: str, warm: bool) -> float:
         os.environ["LIBREFANG_WARM_START"] = "1" if warm else "0"
         started = time.perf_counter()
         attempt = invoke(self.catalog.get(plugin), "ingest", dict(REQUEST), home=self.home,
-                         invocations=self.sink, stderr=self.sink, agent_id="bench")
+                         invocations=self.sink, stderr=self.sink, agent_id="bench", policy=self.policy)
         elapsed = (time.perf_counter() - started) * 1000
         if not attempt.ok:
             raise RuntimeError(f"{plugin} failed: {attempt.failure}")
@@ -800,6 +807,8 @@ def main() -> int:
         warmstart.shutdown()
         log("starting the service (daphne + 1 worker + Redis)")
         service.start(workers=1)
+        for name in ("bench_py", "bench_py_net"):  # what an owner's install does (docs/security.md)
+            service.manage("plugin", "approve", name)
         results["rest"] = {}
         results["throughput"] = {}
         restart_worker(service, warm=False)

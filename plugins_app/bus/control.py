@@ -1,5 +1,6 @@
 """The control stream, read by every worker (not a consumer group: each reads all of it), carries prewarm requests
-from the web tier (prewarm); workers answer on a short-lived list per request."""
+from the web tier (prewarm); workers answer on a short-lived list per request, each answer signed for that request:
+the web tier counts no answer it cannot verify."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import redis
 
 from plugins_app.bus.clients import REDIS_DOWN, BusUnavailable, aclient
 from plugins_app.bus.keys import REPLY_TTL_SECS, control_key, prewarm_answers_key
-from plugins_app.bus.signing import sign, signature_ok
+from plugins_app.bus.signing import open_reply, seal_reply, sign, signature_ok
 from plugins_app.bus.status import live_workers
 
 log = logging.getLogger("librefang.bus")
@@ -48,9 +49,14 @@ def read_after(r: redis.Redis, cursor: str, block_ms: int) -> tuple[str, list[di
 def answer_prewarm(r: redis.Redis, worker: str, stamp: str, answer: dict) -> None:
     key = prewarm_answers_key(stamp)
     pipe = r.pipeline()
-    pipe.rpush(key, json.dumps({"worker": worker, **answer}))
+    pipe.rpush(key, seal_reply(answer_id(stamp), json.dumps({"worker": worker, **answer})))
     pipe.expire(key, REPLY_TTL_SECS)
     pipe.execute()
+
+
+def answer_id(stamp: str) -> str:
+    """What a worker's signed answer to one prewarm request is bound to (plugins_app/bus/signing.py seal_reply)."""
+    return f"prewarm:{stamp}"
 
 
 # ---- web tier ----
@@ -80,8 +86,11 @@ async def prewarm(plugins: list[str], wait_secs: float, pins: tuple[dict[str, st
             got = await r.blpop([prewarm_answers_key(stamp)], timeout=max(0.01, min(left, 1.0)))
         except REDIS_DOWN:
             break
-        if got:
-            answer = json.loads(got[1])
+        data = open_reply(answer_id(stamp), got[1]) if got else None
+        if got and data is None:
+            log.error("dropped an answer to prewarm %s: its signature is missing or does not match", stamp)
+        elif data is not None:
+            answer = json.loads(data)
             answers[answer.get("worker", "")] = answer
     missing = [{"worker": w, "host": info.get("host", ""), "pid": info.get("pid")}
                for w, info in sorted(expected.items()) if w not in answers]

@@ -17,6 +17,7 @@ from engine.plugins.requirements import VENV_DIRS
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import config_cache, home
 from plugins_app.models import HookTrace
+from plugins_app.selectors import permissions
 
 MAX_FILES_LISTED = 500
 # Kept in the data dir by the service, not by the plugin: its virtualenv (install-deps) and the last manifest that
@@ -101,8 +102,10 @@ def advanced_config(name: str) -> dict:
 
 
 def sandbox_policy() -> dict:
-    """What each installed plugin's hooks are allowed, as its manifest says: network, filesystem, resource limits
-    (null: the service's default applies), and where its writable data lives. `serving` marks the active chain."""
+    """What each installed plugin's manifest asks: network, filesystem, resource limits (null: the service's default
+    applies), and where its writable data lives; `granted`: what its hooks get now (an unapproved version gets the
+    defaults instead of its asks, and the ceilings bound everything: plugins_app/selectors/permissions.py).
+    `serving` marks the active chain."""
     catalog = plugin_catalog()
     cfg = config_cache().get()
     serving = set(hook_policy.chain(catalog, cfg))
@@ -130,6 +133,7 @@ def sandbox_policy() -> dict:
                 "persistent_subprocess": h.persistent_subprocess, "prewarm_subprocesses": h.prewarm_subprocesses,
                 "warm_start": h.warm_start, "otel_endpoint": h.otel_endpoint,
                 "circuit_breaker": h.circuit_breaker.model_dump() if h.circuit_breaker else None,
+                "granted": permissions.effective(entry.name),
             })
         plugins.append(row)
     return {"mode": cfg.context_engine.mode if cfg.context_engine.chain else "default", "plugins": plugins,

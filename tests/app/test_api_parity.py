@@ -368,7 +368,10 @@ def test_a_registry_key_in_config_toml_guards_install_and_search(api, home, tmp_
     pub = base64.b64encode(key.public_key().public_bytes(serialization.Encoding.Raw,
                                                          serialization.PublicFormat.Raw)).decode()
     reg = registry_with(tmp_path, {"trusted": {}})
-    index = json.dumps([{"name": "trusted", "version": "0.1.0", "description": "signed one"}]).encode()
+    from engine.plugins.sources import file_hashes
+
+    index = json.dumps([{"name": "trusted", "version": "0.1.0", "description": "signed one",
+                         "files": file_hashes(reg / "plugins" / "trusted")}]).encode()
     (reg / "index.json").write_bytes(index)
     (home.root / "config.toml").write_text(
         f'[plugins]\nplugin_registries = [{{name = "signed", path = "{reg}", public_key = "{pub}"}}]\n')

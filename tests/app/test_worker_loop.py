@@ -285,6 +285,18 @@ def wait_for_control_reader(loop: WorkerLoop) -> None:
     time.sleep(0.3)
 
 
+def forge_prewarm_answer(worker: str) -> None:
+    """Answer the next prewarm request in `worker`'s name, unsigned, as anyone with Redis access could."""
+    r = bus.client()
+    key = bus.prefixed_key("engine", "control")
+    last = r.xrevrange(key, "+", "-", count=1)
+    cursor = last[0][0] if last else "0-0"
+    for _name, entries in r.xread({key: cursor}, block=5000) or []:
+        for _entry_id, fields in entries:
+            r.rpush(bus.prefixed_key("engine", "prewarm", fields["stamp"]),
+                    json.dumps({"worker": worker, "plugins": [], "zygote_pids": [1], "error": ""}))
+
+
 def test_prewarm_reports_the_zygotes_each_worker_confirmed_and_the_workers_that_did_not_answer(
         home, owner_api, control_worker, monkeypatch):
     make_plugin(home.plugins_dir, "warmme", {"ingest": PY_ECHO_INGEST, "after_turn": PY_ECHO_INGEST})
@@ -295,8 +307,11 @@ def test_prewarm_reports_the_zygotes_each_worker_confirmed_and_the_workers_that_
     wait_for_control_reader(answering)
     assert warmstart.zygote_pids() == []
 
+    forger = threading.Thread(target=forge_prewarm_answer, args=(silent.stream.consumer,), daemon=True)
+    forger.start()
     r = owner_api("/plugins/warmme/prewarm", prefix="/api/v1")
     assert r.status_code == 200, r.content
+    forger.join(5)
     body = r.json()
     assert body["plugins"] == ["warmme"] and body["warmed_everywhere"] is False
     (worker,) = body["workers"]

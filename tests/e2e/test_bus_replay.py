@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from tests.e2e.live import LiveService
+from tests.e2e.test_engine_worker_crash import wait_until
 from tests.plugin_factory import make_plugin, write_config
 
 # Appends one line per run to its data directory: how many times it really ran.
@@ -79,29 +80,20 @@ def settled(svc: LiveService, r: redis.Redis, timeout: float = 20) -> None:
     raise AssertionError("the job stream did not drain")
 
 
-def wait_for(cond, timeout: float = 30) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
-
-
 def test_it_never_runs_a_replayed_job_twice(live):
-    make_plugin(live.home / "plugins", "counted", {"after_turn": COUNTING_AFTER_TURN})
-    write_config(live.home, plugin="counted")
+    make_plugin(live.home / "plugins", "replay-counter", {"after_turn": COUNTING_AFTER_TURN})
+    write_config(live.home, plugin="replay-counter")
     sniffer = Sniffer(live)
     status, _ = live.hook("after_turn", {"agent_id": "replayed", "messages": [{"role": "user", "content": "x"}]})
     assert status == 202
     fields = sniffer.first()
-    assert wait_for(lambda: runs(live, "counted") == ["replayed"])
+    assert wait_until(lambda: runs(live, "replay-counter") == ["replayed"], 30)
     for _ in range(3):  # the same signed fields, XADDed again
         sniffer.r.xadd(stream_of(live), fields)
     settled(live, sniffer.r)
     status, _ = live.hook("after_turn", {"agent_id": "fresh", "messages": [{"role": "user", "content": "y"}]})
-    assert wait_for(lambda: "fresh" in runs(live, "counted"))
-    assert runs(live, "counted").count("replayed") == 1
+    assert wait_until(lambda: "fresh" in runs(live, "replay-counter"), 30)
+    assert runs(live, "replay-counter").count("replayed") == 1
 
 
 @pytest.fixture
@@ -117,21 +109,21 @@ def crashing(tmp_path):
 def test_a_job_pending_on_a_dead_worker_still_runs_once_and_its_replay_does_not(crashing):
     svc = crashing
     # the hook takes long enough to kill its worker in the middle
-    make_plugin(svc.home / "plugins", "counted", {"after_turn": COUNTING_AFTER_TURN}, top_extra='[env]\nSLOW = "3"')
-    write_config(svc.home, plugin="counted")
+    make_plugin(svc.home / "plugins", "replay-counter", {"after_turn": COUNTING_AFTER_TURN}, top_extra='[env]\nSLOW = "3"')
+    write_config(svc.home, plugin="replay-counter")
     sniffer = Sniffer(svc)
     status, _ = svc.hook("after_turn", {"agent_id": "pending", "messages": [{"role": "user", "content": "x"}]})
     assert status == 202
     fields = sniffer.first()
     time.sleep(1.0)  # the worker has read it and runs the hook
     svc.kill_worker()
-    assert runs(svc, "counted") == []
+    assert runs(svc, "replay-counter") == []
     svc.start_worker()  # takes the dead worker's pending job (XCLAIM) once its heartbeat has expired: not a replay
-    assert wait_for(lambda: runs(svc, "counted") == ["pending"], timeout=60)
+    assert wait_until(lambda: runs(svc, "replay-counter") == ["pending"], timeout=60)
     sniffer.r.xadd(stream_of(svc), fields)  # and now the same signed job again, as a first delivery
     settled(svc, sniffer.r, timeout=30)
     time.sleep(4)  # a second run would have finished by now
-    assert runs(svc, "counted") == ["pending"]
+    assert runs(svc, "replay-counter") == ["pending"]
 
 
 def test_a_forged_reply_never_reaches_the_agent(live):

@@ -126,3 +126,20 @@ def test_max_processes_2000_gets_the_operators_ceiling_at_most(service):
     approve(service, name)
     approved = int(ask(service, name))
     assert 128 < approved <= 256  # approved: what it asked, within [limits] max_processes (256 by default)
+
+
+@pytest.mark.browser
+def test_an_owner_reviews_and_approves_on_the_plugin_page(logged_in_page, live):
+    from playwright.sync_api import expect
+
+    make_plugin(live.home / "plugins", "page-approved", {"ingest": REACH}, toml_extra="allow_network = true")
+    page = logged_in_page
+    page.goto(f"{live.url}/plugins/page-approved/")
+    card = page.locator("#permissions-card")
+    expect(card).to_have_attribute("data-needs-approval", "true")
+    expect(card.locator(".perm-asks")).to_contain_text("network access (allow_network = true)")
+    card.get_by_role("button", name="Approve").click()
+    expect(page.locator("#permissions-card")).to_have_attribute("data-needs-approval", "false")
+    expect(page.locator("#permissions-card")).to_contain_text("approved")
+    status, perms = live.request("GET", "/api/plugins/page-approved/permissions")
+    assert perms["approved"] and perms["effective"]["network"] is True
