@@ -227,26 +227,32 @@
     var src = document.querySelector(btn.getAttribute("data-copy"));
     if (!src) return;
     var text = src.value !== undefined && src.tagName !== "PRE" ? src.value : src.textContent;
-    var done = function () {
-      var label = btn.textContent;
-      btn.textContent = "Copied";
-      btn.classList.add("copied");
-      setTimeout(function () { btn.textContent = label; btn.classList.remove("copied"); }, 1500);
+    // Always a word back: "Copied", or, where the browser refused, the text stays selected for Ctrl+C.
+    var label = btn._lfLabel || (btn._lfLabel = btn.textContent);
+    var say = function (words, cls) {
+      btn.textContent = words;
+      btn.classList.add(cls);
+      clearTimeout(btn._lfTimer);
+      btn._lfTimer = setTimeout(function () { btn.textContent = label; btn.classList.remove(cls); }, 2500);
     };
+    var done = function () { say("Copied", "copied"); };
+    var refused = function () { say("Selected: press Ctrl+C", "copy-refused"); };
     if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(text).then(done, function () { legacyCopy(src, done); });
+      navigator.clipboard.writeText(text).then(done, function () { legacyCopy(src, done, refused); });
     } else {
-      legacyCopy(src, done);
+      legacyCopy(src, done, refused);
     }
   }
-  function legacyCopy(src, done) {
+  function legacyCopy(src, done, refused) {
     // Plain-http dashboards have no async clipboard: select the text and use the old command.
     var range = document.createRange();
     range.selectNodeContents(src);
     var sel = window.getSelection();
     sel.removeAllRanges();
     sel.addRange(range);
-    try { if (document.execCommand("copy")) done(); } catch (e) { /* the text stays selected for Ctrl-C */ }
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    (ok ? done : refused)();
   }
 
   // ---- charts: latency percentiles and calls per step, from /metrics/chart.json (uPlot) ----
