@@ -52,3 +52,4 @@ def test_it_shows_no_registry_error_before_a_search(client, owner, home):
     assert "notice-bad" not in first and "data-registry-hint" in first
     searched = client.get("/install/registry/", {"q": ""}).content.decode()
     assert "notice-bad" in searched
+
