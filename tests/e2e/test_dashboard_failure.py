@@ -80,8 +80,11 @@ PAGES = ["/", "/engine/", "/metrics/", "/traces/", "/workers/", "/doctor/", "/to
          "/install/", "/engine/mcp/", "/alerts/"]
 
 
-def _login(browser, url: str, password: str, width: int = 1280):
-    context = browser.new_context(viewport={"width": width, "height": 900})
+def _login(browser, url: str, password: str, width: int = 1280, init_script: str = "", **context_args):
+    """A new browser context logged in as admin, and its page."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, **context_args)
+    if init_script:
+        context.add_init_script(init_script)
     page = context.new_page()
     page.goto(url + "/login/")
     page.fill("#id_username", "admin")
