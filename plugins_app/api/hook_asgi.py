@@ -46,6 +46,8 @@ STOOD_IN_FOR = [
     "django.contrib.messages.middleware.MessageMiddleware",  # untouched storage: no cookie
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",  # request attribute only
+    "plugins_app.middleware.ContentSecurityPolicy",  # HTML pages only: nothing on a JSON answer
+    "plugins_app.middleware.DatabaseDownPage",  # dashboard pages only (never /api/)
     "axes.middleware.AxesMiddleware",  # login lockouts only
 ]
 
