@@ -21,12 +21,16 @@ CONTENT_SECURITY_POLICY = "; ".join((
 
 
 class ContentSecurityPolicy:
+    """On every HTML page (a policy governs documents; JSON answers, such as agents' hook calls, carry none, so the
+    lean hook route of plugins_app/api/hook_asgi.py answers exactly as Django does)."""
+
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         response = self.get_response(request)
-        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        if response.headers.get("Content-Type", "").startswith("text/html"):
+            response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         return response
 
 

@@ -30,7 +30,6 @@ from engine.hooks import ALL_HOOKS
 from plugins_app.api.app import api
 from plugins_app.api.errors import envelope, json_response
 from plugins_app.auth import allows, refused_agents, token_cache
-from plugins_app.middleware import CONTENT_SECURITY_POLICY
 from plugins_app.models import Role
 from plugins_app.services import hooks as hook_service
 
@@ -48,8 +47,8 @@ STOOD_IN_FOR = [
     "django.contrib.messages.middleware.MessageMiddleware",  # untouched storage: no cookie
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",  # request attribute only
-    "plugins_app.middleware.ContentSecurityPolicy",  # its header, added below
-    "plugins_app.middleware.DatabaseDownPage",  # dashboard pages only, never /api/
+    "plugins_app.middleware.ContentSecurityPolicy",  # HTML pages only: nothing on a JSON answer
+    "plugins_app.middleware.DatabaseDownPage",  # dashboard pages only (never /api/)
     "axes.middleware.AxesMiddleware",  # login lockouts only
 ]
 
@@ -68,7 +67,6 @@ def _middleware_headers() -> list[tuple[bytes, bytes]] | None:
     if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
         headers.append(("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY))
     headers.append(("X-Frame-Options", getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()))
-    headers.append(("Content-Security-Policy", CONTENT_SECURITY_POLICY))
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 
 

@@ -262,11 +262,16 @@ def name_problem(name: str) -> str | None:
     name = (name or "").strip()
     if not name:
         return "Enter a name."
+    if len(name) > 128:
+        return f"At most 128 characters: this one has {len(name)}."
     if not NAME_RE.match(name):
         return ("Use letters, digits, '-' and '_' only, starting with a letter or digit (at most 128 "
                 "characters).")
     if plugin_selectors.is_installed(name) or home().plugin_dir(name).exists():
         return f"A plugin named {name} already exists."
+    twin = next((n for n in plugin_selectors.installed_names() if n.casefold() == name.casefold()), None)
+    if twin:
+        return f"A plugin named {twin} already exists: names that differ only by case are refused."
     return None
 
 

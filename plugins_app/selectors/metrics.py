@@ -10,10 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from django.db.models import Q
 from django.utils import timezone
 
 from engine import quantiles
-from plugins_app.models import HookMetric, HookMetricBucket, HookMetricHour
+from plugins_app.models import AuditEntry, HookMetric, HookMetricBucket, HookMetricHour
 
 MAX_POINTS = 300
 # Chart steps in minutes: the smallest that keeps a range under MAX_POINTS points.
@@ -117,7 +118,8 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
         qs = qs.filter(plugin=plugin)
     if hook:
         qs = qs.filter(hook=hook)
-    for at, c, f, cc, hist in qs.values_list(field, "calls", "failures", "console_calls", "histogram"):
+    per_hook: dict[str, tuple[list[int], list[int]]] = {}
+    for at, hk, c, f, cc, hist in qs.values_list(field, "hook", "calls", "failures", "console_calls", "histogram"):
         i = (int(at.timestamp()) - first) // step_s
         if not 0 <= i < n:
             continue
@@ -125,6 +127,9 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
         errors[i] += f
         console[i] += cc
         quantiles.merge(sketches[i], hist)
+        hook_calls, hook_errors = per_hook.setdefault(hk, ([0] * n, [0] * n))
+        hook_calls[i] += c
+        hook_errors[i] += f
     total_sketch: dict = {}
     for sk in sketches:
         quantiles.merge(total_sketch, sk)
@@ -137,6 +142,10 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
         "t": [first + i * step_s for i in range(n)],
         "calls": calls, "errors": errors, "test_console_calls": console,
         "p50_ms": qs_of(0.50), "p95_ms": qs_of(0.95), "p99_ms": qs_of(0.99),
+        # error rate (%) per hook and step, null where the hook had no call: never one rate over several hooks
+        "error_rate_by_hook": {hk: [round(100 * e / c, 1) if c else None for c, e in zip(hc, he, strict=True)]
+                               for hk, (hc, he) in sorted(per_hook.items()) if sum(hc)},
+        "markers": markers(dt.datetime.fromtimestamp(first, dt.UTC), end, plugin),
         "summary": {
             "calls": sum(calls), "errors": sum(errors), "test_console_calls": sum(console),
             "error_rate": round(sum(errors) / sum(calls), 4) if sum(calls) else None,
@@ -144,6 +153,24 @@ def series(start: dt.datetime, end: dt.datetime, plugin: str | None = None, hook
             "p99_ms": percentile(total_sketch, 0.99),
         },
     }
+
+
+# What changed the service, drawn on the charts: reloads, enables, installs, config changes, worker (re)starts.
+MARKER_ACTIONS = {"plugin.reload": "reload", "plugin.enable": "enabled", "plugin.disable": "disabled",
+                  "plugin.install": "installed", "plugin.update": "updated", "plugin.uninstall": "uninstalled",
+                  "engine.config": "config change", "worker.start": "worker started"}
+SERVICE_WIDE = ("engine.config", "worker.start")
+
+
+def markers(start: dt.datetime, end: dt.datetime, plugin: str | None = None, limit: int = 200) -> list[dict]:
+    """[{t, kind, label}] of the audit trail's changes within the range (a plugin's chart: its own and the
+    service-wide ones)."""
+    qs = AuditEntry.objects.filter(at__gte=start, at__lt=end, ok=True, action__in=list(MARKER_ACTIONS))
+    if plugin:
+        qs = qs.filter(Q(target=plugin) | Q(action__in=SERVICE_WIDE))
+    return [{"t": int(e.at.timestamp()), "kind": MARKER_ACTIONS[e.action],
+             "label": f"{MARKER_ACTIONS[e.action]}: {e.target}" if e.target else MARKER_ACTIONS[e.action]}
+            for e in qs.order_by("at")[:limit]]
 
 
 RANGES = {"15m": dt.timedelta(minutes=15), "1h": dt.timedelta(hours=1), "24h": dt.timedelta(hours=24),

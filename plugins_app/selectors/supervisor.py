@@ -2,10 +2,10 @@
 
 The status file `$LIBREFANG_HOME/run/supervisor.json`:
 
-    {"pid": 1234, "started_at": 1795426128.46, "updated_at": 1795426143.08, "stopping": false,
+    {"pid": 1234, "host": "box1", "started_at": 1795426128.46, "updated_at": 1795426143.08, "stopping": false,
      "children": [{"slot": "worker 1", "role": "worker", "index": 1, "pid": 1240 | null,
                    "state": "running" | "restarting" | "stopped", "started_at": …, "restarts": 2,
-                   "last_exit": {"code": null, "signal": "SIGKILL"} | null, "last_exit_at": … | null,
+                   "last_exit": {"code": null, "signal": "SIGKILL", "pid": 1239} | null, "last_exit_at": … | null,
                    "next_restart_at": … | null}, …]}
 
 Times are Unix seconds. The supervisor rewrites it on every change and at least every 2 s.

@@ -55,7 +55,7 @@ def conditions(cfg: alert_selectors.AlertConfig, *, redis_ok: bool, workers: lis
     if "redis_unreachable" in rules:
         out.append(Condition("redis_unreachable", "redis_unreachable", not redis_ok, 0.0 if redis_ok else 1.0,
                              "Redis is unreachable: agents get the default engine, after_turn answers 503"
-                             if not redis_ok else "Redis answers again"))
+                             if not redis_ok else "Redis answers"))
     if "no_live_worker" in rules and redis_ok and workers is not None:
         n = len(workers)
         out.append(Condition("no_live_worker", "no_live_worker", n == 0, float(n),
@@ -99,10 +99,11 @@ def evaluate(cfg: alert_selectors.AlertConfig, found: list[Condition]) -> list[A
         if c.firing != state.firing and _flip(state.pk, c.firing):
             events.append(_announce(cfg, c.key, c.rule, "firing" if c.firing else "resolved", c.summary))
     for state in AlertState.objects.filter(rule="plugin_failing", firing=True).exclude(key__in=seen):
+        _, plugin, hook = (state.key.split(":", 2) + ["", ""])[:3]
+        text = f"{plugin} is no longer failing its {hook} hook"
+        AlertState.objects.filter(pk=state.pk).update(value=0.0, summary=text)
         if _flip(state.pk, False):
-            _, plugin, hook = (state.key.split(":", 2) + ["", ""])[:3]
-            events.append(_announce(cfg, state.key, state.rule, "resolved",
-                                    f"{plugin} is no longer failing its {hook} hook"))
+            events.append(_announce(cfg, state.key, state.rule, "resolved", text))
     return events
 
 

@@ -60,6 +60,12 @@ def record_change(name: str, what: str, actor: str, action: str, details: dict |
 
 # ---- scaffold ----
 
+def same_but_case(name: str) -> str | None:
+    """An installed plugin whose name differs from `name` only by case, if any."""
+    folded = name.casefold()
+    return next((n for n in plugin_catalog().names() if n != name and n.casefold() == folded), None)
+
+
 def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] | None, actor: str,
                     author: str = "") -> PluginSummary:
     """Create $LIBREFANG_HOME/plugins/<name>/ from the runtime's templates (runs as written)."""
@@ -71,6 +77,10 @@ def scaffold_plugin(name: str, description: str, runtime: str, hooks: list[str] 
     target = h.plugin_dir(name)
     if target.exists() or target.is_symlink():
         raise PluginError("already_exists", f"plugin {name!r} already exists", 409)
+    twin = same_but_case(name)
+    if twin:  # `UxPy` beside `uxpy`: one directory each on Linux, the same one on macOS and Windows
+        raise PluginError("already_exists", f"plugin {twin!r} already exists (names differing only by case are "
+                          "refused)", 409, {"existing": twin})
     h.plugins_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".scaffold-", dir=h.plugins_dir))
     try:

@@ -247,13 +247,16 @@ def registry_browser(request):
     q = request.GET.get("q", "").strip()[:200]
     registry = request.GET.get("registry", "").strip()[:4096] or None
     listing = registry_selectors.registries()
-    try:
-        found, error = registry_selectors.search(q, registry), None
-    except plugin_service.PluginError as exc:
-        found, error = None, exc.message
+    searched = "q" in request.GET  # the panel's first load searches nothing, so it shows no error before a search
+    found = error = None
+    if searched:
+        try:
+            found = registry_selectors.search(q, registry)
+        except plugin_service.PluginError as exc:
+            error = exc.message
     return render(request, P + "parity_registry.html",
                   {"registries": listing["registries"], "found": found, "error": error, "q": q,
-                   "registry": registry or ""})
+                   "registry": registry or "", "searched": searched})
 
 
 @login_required

@@ -227,26 +227,32 @@
     var src = document.querySelector(btn.getAttribute("data-copy"));
     if (!src) return;
     var text = src.value !== undefined && src.tagName !== "PRE" ? src.value : src.textContent;
-    var done = function () {
-      var label = btn.textContent;
-      btn.textContent = "Copied";
-      btn.classList.add("copied");
-      setTimeout(function () { btn.textContent = label; btn.classList.remove("copied"); }, 1500);
+    // Always a word back: "Copied", or, where the browser refused, the text stays selected for Ctrl+C.
+    var label = btn._lfLabel || (btn._lfLabel = btn.textContent);
+    var say = function (words, cls) {
+      btn.textContent = words;
+      btn.classList.add(cls);
+      clearTimeout(btn._lfTimer);
+      btn._lfTimer = setTimeout(function () { btn.textContent = label; btn.classList.remove(cls); }, 2500);
     };
+    var done = function () { say("Copied", "copied"); };
+    var refused = function () { say("Selected: press Ctrl+C", "copy-refused"); };
     if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(text).then(done, function () { legacyCopy(src, done); });
+      navigator.clipboard.writeText(text).then(done, function () { legacyCopy(src, done, refused); });
     } else {
-      legacyCopy(src, done);
+      legacyCopy(src, done, refused);
     }
   }
-  function legacyCopy(src, done) {
+  function legacyCopy(src, done, refused) {
     // Plain-http dashboards have no async clipboard: select the text and use the old command.
     var range = document.createRange();
     range.selectNodeContents(src);
     var sel = window.getSelection();
     sel.removeAllRanges();
     sel.addRange(range);
-    try { if (document.execCommand("copy")) done(); } catch (e) { /* the text stays selected for Ctrl-C */ }
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    (ok ? done : refused)();
   }
 
   // ---- charts: latency percentiles and calls per step, from /metrics/chart.json (uPlot) ----
@@ -373,14 +379,20 @@
     var xRange = function () { return xWindow(card); };
     var latency = [d.t, d.p50_ms, d.p95_ms, d.p99_ms];
     var calls = [d.t, d.calls, d.errors, d.test_console_calls];
-    if (st.plots.length === 2 && st.theme === currentTheme()) {
-      st.plots[0].setData(latency); st.plots[1].setData(calls);  // y scales refit (p99 included)
+    var hooks = Object.keys(d.error_rate_by_hook || {});
+    var rates = [d.t].concat(hooks.map(function (k) { return d.error_rate_by_hook[k]; }));
+    listMarkers(card, d.markers || []);
+    if (st.plots.length === 3 && st.theme === currentTheme() && st.hooks === hooks.join()) {
+      st.plots[0].setData(latency); st.plots[1].setData(calls); st.plots[2].setData(rates);  // y scales refit
       followClock(card);
       return;
     }
+    st.hooks = hooks.join();
     st.plots.forEach(function (p) { p.destroy(); });
     st.theme = currentTheme();
     var latEl = card.querySelector("[data-chart-latency]"), callEl = card.querySelector("[data-chart-calls]");
+    var errEl = card.querySelector("[data-chart-errors]");
+    var drawMarkers = function (u) { paintMarkers(u, chartState(card).data); };
     var w = function (el) { return Math.max(260, el.clientWidth); };
     var h = window.innerWidth < 600 ? 180 : 220;
     var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.8, 40] }) : undefined;
@@ -388,7 +400,7 @@
     var points = { show: true, filter: function (u, si) { return d.t.length < 80 ? null : isolated(u.data[si]); } };
     var zoom = { drag: { x: true, y: false, setScale: false } };
     var p1 = new window.uPlot({
-      width: w(latEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }] },
+      width: w(latEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }], draw: [drawMarkers] },
       scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.1 : 1]; } } },
       series: [
         { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
@@ -399,7 +411,7 @@
       axes: axes(axisMs),
     }, latency, latEl);
     var p2 = new window.uPlot({
-      width: w(callEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }] }, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
+      width: w(callEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }], draw: [drawMarkers] }, scales: { x: { time: true, range: xRange }, y: { range: function (u, lo, hi) { return [0, Math.max(1, hi * 1.1)]; } } },
       series: [
         { value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } },
         { label: "calls", stroke: cssVar("--c-calls"), fill: cssVar("--c-calls") + "55", paths: bars, points: { show: false }, value: function (u, v) { return fmtCount(v); } },
@@ -408,17 +420,57 @@
       ],
       axes: axes(function (v) { return v === null ? "" : fmtCount(v); }, COUNT_INCRS),
     }, calls, callEl);
-    st.plots = [p1, p2];
+    var palette = ["--c-p99", "--c-p95", "--c-p50", "--c-console", "--c-calls"];
+    var p3 = new window.uPlot({
+      width: w(errEl), height: h, cursor: zoom, hooks: { setSelect: [function (u) { zoomTo(card, u); }], draw: [drawMarkers] },
+      scales: { x: { time: true, range: xRange }, y: { range: function () { return [0, 100]; } } },
+      series: [{ value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleString(); } }].concat(
+        hooks.map(function (k, i) {
+          return { label: k, stroke: cssVar(palette[i % palette.length]), width: 1.5, dash: i >= palette.length ? [4, 3] : undefined,
+                   points: points, value: function (u, v) { return v === null ? "—" : v + " %"; } };
+        })),
+      axes: axes(function (v) { return v === null ? "" : v + " %"; }),
+    }, rates, errEl);
+    st.plots = [p1, p2, p3];
     followClock(card);
     if (!card._lfResize && window.ResizeObserver) {
       card._lfResize = new ResizeObserver(function () {
         chartState(card).plots.forEach(function (p, i) {
-          var el = i ? callEl : latEl;
+          var el = [latEl, callEl, errEl][i];
           if (Math.abs(p.width - w(el)) > 4) p.setSize({ width: w(el), height: p.height });
         });
       });
       card._lfResize.observe(card);
     }
+  }
+
+  // Changes (reloads, config changes, worker starts: plugins_app/selectors/metrics.py markers) as dashed lines.
+  function paintMarkers(u, d) {
+    if (!d || !d.markers || !d.markers.length) return;
+    var ctx = u.ctx, top = u.bbox.top, height = u.bbox.height;
+    ctx.save();
+    ctx.strokeStyle = cssVar("--muted");
+    ctx.setLineDash([3, 3]);
+    ctx.lineWidth = 1;
+    d.markers.forEach(function (m) {
+      var x = Math.round(u.valToPos(m.t, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+    });
+    ctx.restore();
+  }
+  function listMarkers(card, markers) {
+    var ul = card.querySelector("[data-chart-markers]");
+    if (!ul) return;
+    ul.innerHTML = "";
+    card.setAttribute("data-markers", String(markers.length));
+    if (!markers.length) { var none = document.createElement("li"); none.className = "muted"; none.textContent = "None."; ul.appendChild(none); }
+    markers.forEach(function (m) {
+      var li = document.createElement("li");
+      li.setAttribute("data-marker", m.kind);
+      li.textContent = new Date(m.t * 1000).toLocaleString() + " · " + m.label;
+      ul.appendChild(li);
+    });
   }
 
   function isolated(values) {

@@ -81,3 +81,16 @@ def test_it_never_shows_a_plugin_toml_that_does_not_load_as_green(client, owner,
     html = client.get("/").content.decode()
     state = html.split('data-label="State">')[1].split("</td>")[0]
     assert "badge ok" not in state and ('data-state="manifest-invalid"' in state or 'data-state="invalid"' in state)
+
+
+def test_it_charts_the_error_rate_per_hook_and_marks_reloads_and_worker_starts(client, owner, crashing):
+    from plugins_app.services import audit
+
+    audit.record("user:boss", "plugin.reload", "crashy")
+    audit.record("worker:w1", "worker.start", "host")
+    audit.record("user:boss", "plugin.reload", "someone-else")
+    data = client.get("/metrics/chart.json", {"range": "15m", "plugin": "crashy"}).json()
+    rates = data["error_rate_by_hook"]
+    assert max(r for r in rates["ingest"] if r is not None) == 100.0
+    assert max(r for r in rates["after_turn"] if r is not None) == 0.0
+    assert sorted(m["label"] for m in data["markers"]) == ["reload: crashy", "worker started: host"]

@@ -80,8 +80,11 @@ PAGES = ["/", "/engine/", "/metrics/", "/traces/", "/workers/", "/doctor/", "/to
          "/install/", "/engine/mcp/", "/alerts/"]
 
 
-def _login(browser, url: str, password: str, width: int = 1280):
-    context = browser.new_context(viewport={"width": width, "height": 900})
+def _login(browser, url: str, password: str, width: int = 1280, init_script: str = "", **context_args):
+    """A new browser context logged in as admin, and its page."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, **context_args)
+    if init_script:
+        context.add_init_script(init_script)
     page = context.new_page()
     page.goto(url + "/login/")
     page.fill("#id_username", "admin")
@@ -254,3 +257,28 @@ def test_it_sends_an_alert_when_a_plugin_fails_and_a_resolved_one_after(live, lo
     finally:
         write_config(live.home)
         receiver.server.shutdown()
+
+
+def test_it_answers_a_page_saying_the_database_is_down_instead_of_the_500_page(tmp_path, browser, screenshot_dir):
+    from tests.e2e.live import LiveService
+
+    service = LiveService(tmp_path / "svc")
+    context = None
+    try:
+        service.start(workers=1)
+        context, page = _login(browser, service.url, service.password)
+        db = service.env["LIBREFANG_DB"]
+        with open(db, "r+b") as fh:  # the database file no longer is one: every query fails
+            fh.write(b"not a database any more " * 512)
+        for path in ("/", "/engine/", "/workers/", "/doctor/", "/alerts/"):
+            response = page.goto(service.url + path)
+            assert response.status == 503, (path, response.status)
+            assert page.locator("[data-outage=database]").count() == 1, path
+            assert "Something went wrong" not in page.content()
+        _shot(page, screenshot_dir, "database-down")
+        status, body = service.request("GET", "/api/health", auth=False)
+        assert status == 503 and body["database"] is False, body
+    finally:
+        if context is not None:
+            context.close()
+        service.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_dashboard_failure import _login
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
 
 pytestmark = pytest.mark.browser
@@ -53,19 +54,12 @@ def traffic(live):
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_it_keeps_every_page_within_its_content_security_policy_and_axe_finds_nothing(
         live, browser, traffic, scheme, screenshot_dir):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
-    context.add_init_script(COLLECT_VIOLATIONS)
-    page = context.new_page()
+    context, page = _login(browser, live.url, live.password, init_script=COLLECT_VIOLATIONS, color_scheme=scheme)
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     findings: dict[str, list] = {}
     try:
-        page.goto(live.url + "/login/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", live.password)
-        page.click("button[type=submit]")
-        page.wait_for_url(live.url + "/")
         for path in _pages(traffic):
             response = page.goto(live.url + path)
             assert "script-src 'self'" in response.headers.get("content-security-policy", ""), path

@@ -27,7 +27,7 @@ from engine.plugins.bundles import cache_usage
 from engine.process import sandbox, warmstart
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
-from plugins_app.services import bundles, prewarm_worker
+from plugins_app.services import audit, bundles, prewarm_worker
 from plugins_app.services.engine import get_engine, invocation_sink
 from plugins_app.services.worker_loop import Backoff, WorkerLoop
 
@@ -95,6 +95,11 @@ class Command(BaseCommand):
         threading.Thread(target=self._beat, args=(loop, concurrency), name="heartbeat", daemon=True).start()
         if not once:
             threading.Thread(target=self._control, args=(loop,), name="control", daemon=True).start()
+        try:  # a marker on the dashboard's charts (plugins_app/selectors/metrics.py markers)
+            audit.record(f"worker:{stream.consumer}", "worker.start", socket.gethostname(),
+                         details={"pid": os.getpid()})
+        except Exception:  # the database may be down: the worker serves anyway
+            log.warning("could not record the worker's start", exc_info=True)
         self.stdout.write(f"worker {stream.consumer} ready (concurrency {concurrency}, host {stream.host})")
         self.stdout.flush()
         if once:
