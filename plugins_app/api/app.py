@@ -4,7 +4,7 @@ from plugins_app.api import context_engine, context_engine_extra, fallback, heal
 from plugins_app.api import permissions as permissions_api
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
-from plugins_app.api.contract import add_components
+from plugins_app.api.contract import add_components, merge_status_keys
 from plugins_app.api.errors import install_handlers
 
 ROLE_NOTES = {
@@ -21,6 +21,7 @@ class Api(NinjaAPI):
     def get_openapi_schema(self, *args, **kwargs):
         schema = super().get_openapi_schema(*args, **kwargs)
         add_components(schema)  # the models routes read or answer by reference (plugins_app/api/contract.py)
+        merge_status_keys(schema)
         roles = {}
         for _prefix, router in self._routers:
             for path_view in router.path_operations.values():

@@ -33,3 +33,22 @@ def add_components(schema: dict[str, Any]) -> None:
     found = schema.setdefault("components", {}).setdefault("schemas", {})
     for name, definition in top.get("$defs", {}).items():
         found.setdefault(name, definition)
+
+
+def merge_status_keys(schema: dict[str, Any]) -> None:
+    """One entry per status code in each operation's responses. django-ninja keys the statuses it knows by int, a
+    route's `openapi_extra` by string ("503" with its Retry-After header): serialised, the two became duplicate
+    "503" keys, which Swagger UI and strict parsers refuse. The string entry's fields are merged into the int one."""
+    for methods in schema.get("paths", {}).values():
+        for op in methods.values():
+            responses = op.get("responses") if isinstance(op, dict) else None
+            if not responses:
+                continue
+            for key in [k for k in responses if isinstance(k, str) and k.isdigit()]:
+                extra = responses.pop(key)
+                merged = responses.setdefault(int(key), {})
+                for field, value in extra.items():
+                    if isinstance(value, dict) and isinstance(merged.get(field), dict):
+                        merged[field] = {**merged[field], **value}
+                    else:
+                        merged[field] = value

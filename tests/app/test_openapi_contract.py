@@ -54,3 +54,20 @@ def test_it_declares_retry_after_and_every_body(spec):
                          ("/api/tokens", "post")):
         ref = spec["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.rsplit("/", 1)[-1] in spec["components"]["schemas"], (path, method)
+
+
+def test_it_serialises_each_status_code_once():
+    # django-ninja keys statuses by int, a route's openapi_extra by string: served as JSON, both were "503" (or
+    # "200"), a document Swagger UI refuses. json.loads would keep only the last, so look at the pairs themselves.
+    from plugins_app.api import api
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"duplicate keys {keys}"
+        return dict(pairs)
+
+    spec = json.loads(json.dumps(api.get_openapi_schema()), object_pairs_hook=no_duplicates)
+    after_turn = spec["paths"]["/api/context-engine/hooks/after_turn"]["post"]["responses"]["503"]
+    assert "Retry-After" in after_turn["headers"] and "content" in after_turn  # both entries' fields kept
+    prometheus = spec["paths"]["/api/context-engine/metrics/prometheus"]["get"]["responses"]["200"]
+    assert "Prometheus" in prometheus["description"]
