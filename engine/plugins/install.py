@@ -136,6 +136,17 @@ def install(home: Home, source: Source, default_registry: str | None = None,
         return _install_fetched(home, source, src, provenance)
 
 
+def _case_twin(home: Home, name: str) -> str | None:
+    """An installed plugin whose directory name differs from `name` only by case (as the dashboard's create form
+    refuses them too)."""
+    folded = name.casefold()
+    try:
+        entries = [p.name for p in home.plugins_dir.iterdir()]
+    except FileNotFoundError:
+        return None
+    return next((n for n in entries if n != name and n.casefold() == folded), None)
+
+
 def _install_fetched(home: Home, source: Source, src: Path, provenance: dict) -> dict:
     staging_root, staged, name, skipped = _stage(home, src, source.name, provenance)
     try:
@@ -144,6 +155,10 @@ def _install_fetched(home: Home, source: Source, src: Path, provenance: dict) ->
         with lock.locked() as data:
             if target.exists():
                 raise InstallError("already_installed", f"plugin {name!r} is already installed", 409)
+            twin = _case_twin(home, name)
+            if twin is not None:
+                raise InstallError("already_installed", f"plugin {twin!r} is already installed (names differing "
+                                   "only by case are one plugin to an operator)", 409)
             os.replace(staged, target)
             files = file_hashes(target)
             version = load_plugin(target, check_integrity=False).manifest.version

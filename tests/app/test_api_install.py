@@ -171,3 +171,12 @@ def test_it_installs_a_plugin_whose_dependencies_are_installed_and_refuses_it_ot
     assert exc.value.code == "invalid_manifest" and "'base' is not installed" in exc.value.message
     install(home, Source("local", path=str(make_plugin(tmp_path / "src2", "base", {"ingest": PY_ECHO_INGEST}))))
     assert install(home, Source("local", path=str(src)))["installed"]
+
+
+def test_it_refuses_to_install_a_name_that_differs_from_an_installed_one_only_by_case(tmp_path):
+    home = Home(tmp_path / "home")
+    install(home, Source("local", path=str(make_plugin(tmp_path / "a", "uxpy", {"ingest": PY_ECHO_INGEST}))))
+    with pytest.raises(InstallError) as refused:
+        install(home, Source("local", path=str(make_plugin(tmp_path / "b", "UxPy", {"ingest": PY_ECHO_INGEST}))))
+    assert refused.value.code == "already_installed" and "'uxpy'" in str(refused.value)
+    assert sorted(p.name for p in home.plugins_dir.iterdir()) == ["uxpy"]
