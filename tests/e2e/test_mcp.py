@@ -15,6 +15,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from engine.home import Home
 from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
 from tests.plugin_factory import make_plugin, write_config
@@ -77,8 +78,8 @@ def test_it_refuses_mcp_without_a_valid_token(live):
     assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live, tmp_path):
-    marker = tmp_path / "after_turn.txt"
+def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live):
+    marker = Home(live.home).data_dir("mcp-recaller") / "after_turn.txt"  # the one place a hook may write
     make_plugin(live.home / "plugins", "mcp-recaller", {"ingest": RECALL_INGEST,
                                                         "after_turn": MARKER_AFTER_TURN.replace(
                                                             'os.environ["MCP_MARKER"]', repr(str(marker)))})
