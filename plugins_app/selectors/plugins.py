@@ -151,7 +151,9 @@ def active_chain() -> dict:
     installed = catalog()
     enabled = hook_policy.chain(installed, cfg)
     blocked = {n: installed.get(n).cannot_run for n in enabled}
+    failing = outcomes.failing()
     return {"mode": cfg.context_engine.mode, "configured": cfg.context_engine.chain,
             "serving": [n for n in enabled if not blocked[n]],
+            "failing": [f"{n} ({', '.join(failing[n])})" for n in enabled if n in failing],
             "cannot_run": [{"plugin": n, "why": why} for n, why in blocked.items() if why],
             "skipped": hook_policy.skipped_layers(installed, cfg), "config_error": cfg.error}

@@ -45,6 +45,7 @@ def crashing(home):
 def test_it_shows_a_plugin_failing_its_hook_on_every_panel(client, owner, crashing):
     row = client.get("/").content.decode()
     assert 'data-failing-hook="ingest"' in row and "failing ingest (50/50)" in row
+    assert "failing: crashy (ingest); those calls get the default engine" in row  # the page head's summary
     assert 'data-state="serving"' not in row  # not "serving agents" while its calls fall back
     assert 'data-hook-rate="ingest"' in row and "100" in row.split('data-hook-rate="ingest"')[1][:200]
     assert "50.5" not in row  # never one rate blending the failing hook with the healthy one

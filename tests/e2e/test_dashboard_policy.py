@@ -47,6 +47,9 @@ def traffic(live):
     write_config(live.home, plugin=name)
     for i in range(3):
         assert live.hook("ingest", {"agent_id": "policy", "message": f"m{i}", "peer_id": "u"})[0] == 200
+    off = f"policy-off-{uuid.uuid4().hex[:6]}"  # a disabled plugin's badge is on the pages too
+    make_plugin(live.home / "plugins", off, {"ingest": PY_ECHO_INGEST})
+    assert live.request("POST", f"/api/plugins/{off}/disable")[0] == 200
     yield name
     write_config(live.home)
 
