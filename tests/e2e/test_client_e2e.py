@@ -147,3 +147,37 @@ async def test_it_makes_the_same_calls_asynchronously(service):
         assert [x.id for x in reply.memories] == [made.id]
         with pytest.raises(NotFound):
             await lf.memories.get(made.id + 1000)
+
+
+def test_it_answers_mem0s_calls_in_mem0s_shapes(service):
+    from librefang_client.adapters.mem0 import Memory
+
+    memory = Memory(service.url, service.token, agent_id="chef-bot")
+    added = memory.add([{"role": "system", "content": "be brief"},
+                        {"role": "user", "content": "I'm Alex, a vegetarian allergic to nuts"},
+                        {"role": "assistant", "content": [{"type": "text", "text": "Noted: vegetarian, no nuts."}]}],
+                       user_id="alex", metadata={"topic": "diet"})
+    assert [r["event"] for r in added["results"]] == ["ADD", "ADD"]
+    memory.add("I'm Sam and I love steak", user_id="sam")
+
+    later = Memory(service.url, service.token, agent_id="chef-bot")  # a new process, as it were
+    found = later.search("allergic", user_id="alex")["results"]
+    assert [r["memory"] for r in found] == ["I'm Alex, a vegetarian allergic to nuts"] and found[0]["score"] > 0
+    assert found[0]["user_id"] == "alex" and found[0]["metadata"] == {"topic": "diet", "role": "user"}
+    assert len(later.search("vegetarian", user_id="alex")["results"]) == 2
+    assert later.search("steak", user_id="alex")["results"] == []
+    assert later.search("vegetarian", user_id="alex", filters={"role": "assistant"})["results"][0]["memory"] == \
+        "Noted: vegetarian, no nuts."
+
+    first = added["results"][0]["id"]
+    assert later.get(first)["memory"] == "I'm Alex, a vegetarian allergic to nuts"
+    assert later.update(first, "Alex is vegan")["message"]
+    assert later.get(first)["memory"] == "Alex is vegan"
+    assert len(later.get_all(user_id="alex")["results"]) == 2 and len(later.get_all()["results"]) == 3
+    assert len(later.get_all(limit=1)["results"]) == 1
+    later.delete(first)
+    assert later.get(first) is None
+    with pytest.raises(ValueError):
+        later.delete_all()
+    later.delete_all(user_id="alex")
+    assert later.get_all(user_id="alex")["results"] == [] and len(later.get_all()["results"]) == 1
