@@ -70,8 +70,12 @@ def retry_after(response: httpx.Response) -> float | None:
     try:
         return float(raw)
     except ValueError:
-        when = email.utils.parsedate_to_datetime(raw) if raw else None
-        return None if when is None else max(when.timestamp() - time.time(), 0.0)
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None  # unreadable: the backoff applies
+    return max(when.timestamp() - time.time(), 0.0)
 
 
 class Deadline:
