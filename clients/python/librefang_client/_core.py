@@ -111,18 +111,38 @@ def outcome(call: Call, response: httpx.Response) -> Any:
     raise errors.from_response(response.status_code, body, retry_after(response))
 
 
-def should_retry(call: Call, failure: Exception, attempt: int, policy: RetryPolicy,
-                 deadline: Deadline) -> float | None:
-    """How long to wait before sending `call` again after `failure`, or None to give up (raise it)."""
-    if attempt >= policy.max_retries:
-        return None
-    if isinstance(failure, errors.Unavailable):
-        wait = policy.wait(attempt, failure.retry_after) if call.retry_safe else None
-    elif isinstance(failure, NOT_SENT) or (call.retry_safe and isinstance(failure, httpx.TransportError)):
-        wait = policy.wait(attempt, None)
-    else:
-        return None
-    return wait if wait is not None and deadline.allows(wait) else None
+class Attempts:
+    """The tries of one call: each attempt's timeout, and after a failure how long to wait before the next (or the
+    error the caller gets). The sync and async clients drive it with their own sending and sleeping."""
+
+    def __init__(self, call: Call, policy: RetryPolicy, deadline: Deadline):
+        self.call, self.policy, self.deadline = call, policy, deadline
+        self.count = 0
+
+    def timeout(self, per_attempt: float | None) -> float | None:
+        return self.deadline.attempt_timeout(per_attempt)
+
+    def after(self, failure: Exception) -> float:
+        """The wait before sending again; raises when the call should not be (or can no longer be) sent again."""
+        wait = self._wait(failure)
+        if wait is None:
+            error = final_error(failure)
+            if error is failure:
+                raise failure
+            raise error from failure
+        self.count += 1
+        return wait
+
+    def _wait(self, failure: Exception) -> float | None:
+        if self.count >= self.policy.max_retries:
+            return None
+        if isinstance(failure, errors.Unavailable):
+            wait = self.policy.wait(self.count, failure.retry_after) if self.call.retry_safe else None
+        elif isinstance(failure, NOT_SENT) or (self.call.retry_safe and isinstance(failure, httpx.TransportError)):
+            wait = self.policy.wait(self.count, None)
+        else:
+            return None
+        return wait if wait is not None and self.deadline.allows(wait) else None
 
 
 def final_error(failure: Exception) -> Exception:

@@ -16,7 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from librefang_client import models as m
-from librefang_client._core import Call, Deadline, RetryPolicy, final_error, outcome, settings, should_retry
+from librefang_client._core import Attempts, Call, Deadline, RetryPolicy, outcome, settings
 
 HOOKS = "/api/context-engine/hooks/"
 UNSET: Any = None  # a keyword left out is not sent (the service's default applies)
@@ -108,8 +108,8 @@ class _Api:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
 
-    def _deadline(self, seconds: float | None) -> Deadline:
-        return Deadline(self.deadline if seconds is None else seconds)
+    def _attempts(self, call: Call, deadline: float | None) -> Attempts:
+        return Attempts(call, self.retry, Deadline(self.deadline if deadline is None else deadline))
 
     def ingest(self, agent_id: str, message: str, *, peer_id: str | None = UNSET, session_id: str | None = UNSET,
                deadline: float | None = None, **extra: Any):
@@ -177,23 +177,16 @@ class LibreFang(_Api):
         self._owns_http = http is None
 
     def _run(self, call: Call, deadline: float | None):
-        limit = self._deadline(deadline)
-        attempt = 0
+        attempts = self._attempts(call, deadline)
         while True:
             try:
                 response = self._http.request(call.method, self.url + call.path, json=call.json,
                                               params=call.params or None, headers=self._headers(),
-                                              timeout=limit.attempt_timeout(self.timeout))
+                                              timeout=attempts.timeout(self.timeout))
                 return outcome(call, response)
-            except Exception as failure:  # noqa: BLE001 (sorted out by should_retry)
-                wait = should_retry(call, failure, attempt, self.retry, limit)
-                if wait is None:
-                    error = final_error(failure)
-                    if error is failure:
-                        raise
-                    raise error from failure
+            except Exception as failure:  # noqa: BLE001 (Attempts.after re-raises what is not retried)
+                wait = attempts.after(failure)
             time.sleep(wait)
-            attempt += 1
 
     def close(self) -> None:
         if self._owns_http:
@@ -217,23 +210,16 @@ class AsyncLibreFang(_Api):
         self._owns_http = http is None
 
     async def _run(self, call: Call, deadline: float | None):
-        limit = self._deadline(deadline)
-        attempt = 0
+        attempts = self._attempts(call, deadline)
         while True:
             try:
                 response = await self._http.request(call.method, self.url + call.path, json=call.json,
                                                     params=call.params or None, headers=self._headers(),
-                                                    timeout=limit.attempt_timeout(self.timeout))
+                                                    timeout=attempts.timeout(self.timeout))
                 return outcome(call, response)
-            except Exception as failure:  # noqa: BLE001 (sorted out by should_retry)
-                wait = should_retry(call, failure, attempt, self.retry, limit)
-                if wait is None:
-                    error = final_error(failure)
-                    if error is failure:
-                        raise
-                    raise error from failure
+            except Exception as failure:  # noqa: BLE001 (Attempts.after re-raises what is not retried)
+                wait = attempts.after(failure)
             await asyncio.sleep(wait)
-            attempt += 1
 
     async def aclose(self) -> None:
         if self._owns_http:
