@@ -12,8 +12,7 @@ import httpx
 import pytest
 from librefang_client import LibreFang, Unavailable
 
-from tests.e2e.live import LiveService
-from tests.own_redis import OwnRedis
+from tests.own_redis import service_with_own_redis
 
 OUTAGE_SECS = 4.0
 TURN = [{"role": "user", "content": "My locker code is 4711"},
@@ -22,16 +21,8 @@ TURN = [{"role": "user", "content": "My locker code is 4711"},
 
 @pytest.fixture
 def outage_service(tmp_path):
-    redis = OwnRedis(tmp_path)
-    redis.start()
-    service = LiveService(tmp_path / "svc")
-    service.env["REDIS_URL"] = redis.url
-    try:
-        service.start(workers=1)
+    with service_with_own_redis(tmp_path) as (service, redis):
         yield service, redis
-    finally:
-        service.stop()
-        redis.stop()
 
 
 def test_it_stores_after_turn_through_a_redis_outage_without_the_caller_seeing_an_error(outage_service):
