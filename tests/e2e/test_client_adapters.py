@@ -85,3 +85,16 @@ async def test_it_keeps_pops_and_clears_the_sessions_items(service):
     assert (await session.pop_item())["content"] == "two"
     await session.clear_session()
     assert await session.get_items() == [] and await session.pop_item() is None
+
+
+async def test_it_runs_the_turn_when_the_service_is_unreachable(caplog):
+    from librefang_client import AsyncLibreFang, RetryPolicy
+
+    from tests.e2e.live import free_port
+
+    down = AsyncLibreFang(f"http://127.0.0.1:{free_port()}", "t", retry=RetryPolicy(max_retries=1, backoff=0.01))
+    session = LibreFangSession("s", agent_id="chef-bot", client=down)
+    result = await Runner.run(Agent(name="chef", model=ScriptedModel()), "hello", session=session,
+                              run_config=session.run_config(tracing_disabled=True))
+    assert result.final_output == "Noted." and len(await session.get_items()) == 2
+    assert "recalled nothing" in caplog.text and "did not store the turn" in caplog.text

@@ -15,16 +15,21 @@ next.
 - `run_config()` (or `session_input_callback=session.recall` in a RunConfig of yours) makes openai-agents ask
   the service, before each turn, what it recalls for the new input (`ingest`), and puts it in the model's input as a
   developer message ahead of the history. The recall is fresh each turn: it is not kept with the session's items.
+- The service unreachable (after the client's retries) costs the recall or the remembering, never the turn: it is
+  logged as a warning.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from agents import RunConfig, SQLiteSession
 from agents.memory import Session
 
-from librefang_client import AsyncLibreFang
+from librefang_client import AsyncLibreFang, LibreFangError
+
+log = logging.getLogger("librefang_client.openai_agents")
 
 RECALL_HEADER = "What you remember about this user from earlier conversations (most relevant first):"
 
@@ -83,20 +88,31 @@ class LibreFangSession:
     async def _remember_turn(self) -> None:
         items = [dict(i) for i in await self.history.get_items()]
         users = [n for n, item in enumerate(items) if _role(item) == "user"]
-        if users:
+        if not users:
+            return
+        try:
             await self.client.after_turn(self.agent_id, items[users[-1]:], peer_id=self.peer_id,
                                          session_id=self.session_id, dialect="openai_responses")
+        except LibreFangError as exc:  # the turn itself went well: not remembering it must not fail it
+            log.warning("the service did not store the turn of session %r: %s", self.session_id, exc)
 
     async def recall(self, history: list[Any], new_input: list[Any]) -> list[Any]:
         """openai-agents' session_input_callback: the history and the new input, with what the service recalls for
         the new input ahead of them."""
         query = " ".join(_text(dict(i)) for i in new_input if _role(dict(i)) == "user").strip()
-        memories = (await self.client.ingest(self.agent_id, query, peer_id=self.peer_id)).memories if query else []
+        memories = await self._recalled(query) if query else []
         if not memories:
             return [*history, *new_input]
         lines = "\n".join(f"- {m.content}" for m in memories[: self.recall_limit])
         recalled = {"role": "developer", "content": f"{RECALL_HEADER}\n{lines}"}
         return [recalled, *history, *new_input]
+
+    async def _recalled(self, query: str) -> list[Any]:
+        try:
+            return (await self.client.ingest(self.agent_id, query, peer_id=self.peer_id)).memories
+        except LibreFangError as exc:  # the turn goes on without recall
+            log.warning("the service recalled nothing for session %r: %s", self.session_id, exc)
+            return []
 
     def run_config(self, **settings: Any) -> RunConfig:
         """A RunConfig (with `settings`) whose session input carries the service's recall."""
