@@ -181,3 +181,14 @@ def test_it_answers_mem0s_calls_in_mem0s_shapes(service):
         later.delete_all()
     later.delete_all(user_id="alex")
     assert later.get_all(user_id="alex")["results"] == [] and len(later.get_all()["results"]) == 1
+
+
+def test_it_calls_the_other_hooks_typed(lf):
+    assert isinstance(lf.bootstrap(), m.BootstrapReply)
+    handed = lf.prepare_subagent("travel-bot", "travel-bot-child", HISTORY[:2])
+    assert isinstance(handed, m.PrepareSubagentReply) and handed.source == "default"
+    assert isinstance(lf.merge_subagent("travel-bot", "travel-bot-child"), m.MergeSubagentReply)
+    transformed = lf.transform_tool_result("book", "booked: Hotel Jardim", agent_id="travel-bot")
+    assert isinstance(transformed, m.TransformToolResultReply) and transformed.content == "booked: Hotel Jardim"
+    event = lf.on_event({"kind": "session_end", "agent_id": "travel-bot"})
+    assert isinstance(event, m.OnEventAccepted) and event.accepted
