@@ -1,6 +1,6 @@
 """Which calls librefang-client sends again: against a peer that reads each request and drops the connection
 without answering (a service dying mid-call), a safe call is retried, a memory `add` is sent once (a second POST
-would make a second memory); `Retry-After` is read as seconds or as an HTTP date."""
+would make a second memory); a peer that never answers ends the call at its deadline; `Retry-After` is read as seconds or as an HTTP date."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ import time
 
 import httpx
 import pytest
-from librefang_client import ConnectionFailed, LibreFang, RetryPolicy
+from librefang_client import ConnectionFailed, DeadlineExceeded, LibreFang, RetryPolicy
 from librefang_client._core import retry_after
 
 
 class DroppingPeer:
-    """Accepts connections, reads a request's first bytes and closes: counts the requests it saw."""
+    """Accepts connections, reads a request's first bytes and closes (or, `silent`, keeps it open without a word):
+    counts the requests it saw."""
 
-    def __init__(self):
+    def __init__(self, silent: bool = False):
+        self.silent = silent
+        self.held: list[socket.socket] = []
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -32,9 +35,12 @@ class DroppingPeer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            with conn:
-                if conn.recv(65536):
-                    self.requests += 1
+            if conn.recv(65536):
+                self.requests += 1
+            if self.silent:
+                self.held.append(conn)
+            else:
+                conn.close()
 
 
 @pytest.fixture
@@ -64,6 +70,16 @@ def test_it_sends_a_new_memory_only_once_when_the_service_dropped_it(peer):
     with pytest.raises(ConnectionFailed):
         client(peer.url).memories.add("a", "remember me")
     assert peer.requests == 1
+
+
+def test_it_ends_a_call_at_its_deadline_when_the_service_never_answers():
+    peer = DroppingPeer(silent=True)
+    try:
+        with pytest.raises(DeadlineExceeded) as late:
+            client(peer.url).ingest("a", "hello", deadline=0.5)
+        assert late.value.code == "deadline_exceeded" and peer.requests >= 1
+    finally:
+        peer.sock.close()
 
 
 def test_it_reads_retry_after_as_seconds_or_an_http_date():
