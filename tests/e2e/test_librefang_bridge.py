@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.live import free_port, running_service
+from tests.own_redis import service_with_own_redis
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
 
 BRIDGE = Path(__file__).resolve().parents[2] / "clients" / "librefang-bridge"
@@ -134,3 +136,23 @@ def test_it_refuses_a_request_that_is_no_hook():
     done = subprocess.run([shutil.which("python3"), "hooks/bridge.py"], input='{"type": "nonsense"}\n',
                           capture_output=True, text=True, cwd=BRIDGE, timeout=30)
     assert done.returncode == 1 and "unknown hook type 'nonsense'" in done.stderr and done.stdout == ""
+
+
+def test_it_stores_after_turn_through_a_redis_outage_within_its_deadline(tmp_path):
+    with service_with_own_redis(tmp_path) as (service, redis):
+        daemon = {"LIBREFANG_BRIDGE_URL": service.url, "LIBREFANG_BRIDGE_TOKEN": service.token,
+                  "LIBREFANG_BRIDGE_DEADLINE": "25"}
+        redis.kill()
+        restart = threading.Timer(3.0, redis.start)
+        restart.start()
+        try:
+            reply, done = run_hook({"type": "after_turn", "agent_id": "gym", "messages": [
+                {"role": "user", "content": "My locker code is 4711", "pinned": False},
+                {"role": "assistant", "content": "Noted.", "pinned": False}]}, daemon)
+        finally:
+            restart.join()
+        assert (reply, done.returncode) == ({"type": "ok"}, 0) and "did not answer" not in done.stderr
+        end = time.monotonic() + 30
+        while "4711" not in json.dumps(service.request("GET", "/api/memories?agent_id=gym")[1]):
+            assert time.monotonic() < end, "the turn was never stored"
+            time.sleep(0.3)
