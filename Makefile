@@ -8,11 +8,13 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: run test lint bench setup clean schemathesis lock
 
 # Installs exactly the versions in requirements.lock (hash-checked), then the project itself without resolving again.
-$(STAMP): pyproject.toml requirements.lock
+# The agent client (clients/python) goes in too: its dependencies (httpx, pydantic) are already the project's.
+$(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --quiet --no-deps -e clients/python
 	touch $(STAMP)
 
 # The cold-hook spawner's spare as a small static program (engine/process/native_spare.py says why); without a C

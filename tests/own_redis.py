@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from tests.e2e.live import free_port
+from tests.e2e.live import LiveService, free_port
 
 
 class OwnRedis:
@@ -47,3 +48,18 @@ class OwnRedis:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def service_with_own_redis(root: Path, workers: int = 1):
+    """(service, redis): a started LiveService on a redis-server of its own, both stopped however the block ends."""
+    redis = OwnRedis(root)
+    redis.start()
+    service = LiveService(root / "svc")
+    service.env["REDIS_URL"] = redis.url
+    try:
+        service.start(workers=workers)
+        yield service, redis
+    finally:
+        service.stop()
+        redis.stop()

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.live import LiveService
-from tests.own_redis import OwnRedis
+from tests.own_redis import service_with_own_redis
 from tests.plugin_factory import make_plugin, write_config
 
 INGEST = """
@@ -57,16 +57,8 @@ def call(service: LiveService, hook: str, body: dict, timeout: float = 30) -> tu
 
 @pytest.fixture
 def outage_service(tmp_path):
-    redis = OwnRedis(tmp_path)
-    redis.start()
-    service = LiveService(tmp_path / "svc")
-    service.env["REDIS_URL"] = redis.url
-    try:
-        service.start(workers=1)
+    with service_with_own_redis(tmp_path) as (service, redis):
         yield service, redis
-    finally:
-        service.stop()
-        redis.stop()
 
 
 def test_it_survives_a_redis_outage_without_500s_or_lost_after_turns(outage_service):
