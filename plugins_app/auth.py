@@ -151,6 +151,7 @@ ACTION_ROLES: dict[str, str] = {
     "context_engine_sandbox_policy": Role.VIEWER,
     "tokens_manage": Role.OWNER,  # the dashboard's Tokens page and /api/tokens (as `librefang token`)
     # What a plugin asks beyond the defaults, and the owner's approval of it (plugins_app/api/permissions.py).
+    "alerts_configure": Role.ADMIN,  # dashboard only: [alerts] rules, thresholds and webhooks in config.toml
     "plugins_permissions": Role.VIEWER,
     "plugins_approve": Role.OWNER,
 }

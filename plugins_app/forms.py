@@ -11,6 +11,7 @@ from engine.hooks import ALL_HOOKS
 from engine.plugins.scaffold import DEFAULT_HOOKS, MAX_DESCRIPTION
 from engine.process.runtimes import RUNTIMES
 from plugins_app.models import Role
+from plugins_app.selectors import alerts as alert_selectors
 from plugins_app.selectors import dashboard
 
 
@@ -100,3 +101,38 @@ class TestHookForm(forms.Form):
         if not isinstance(value, dict):
             raise forms.ValidationError("The request must be a JSON object ({…}).")
         return value
+
+
+class AlertRulesForm(forms.Form):
+    """[alerts] as the Alerts page edits it: which rules are on, their thresholds, the webhooks (one per line,
+    "<format> <url>")."""
+
+    rules = forms.MultipleChoiceField(choices=[(r, r) for r in alert_selectors.RULES], required=False,
+                                      widget=forms.CheckboxSelectMultiple)
+    fallback_rate = forms.FloatField(min_value=0.01, max_value=1.0,
+                                     help_text="fraction of agent calls answered by the default engine, 0.01-1")
+    queue_lag = forms.IntegerField(min_value=1, max_value=1_000_000, help_text="jobs waiting for a worker")
+    webhooks = forms.CharField(required=False, max_length=20_000, widget=forms.Textarea(attrs={"rows": 3}),
+                               help_text='one per line: "json https://…", "slack https://…" or "ntfy https://…"')
+
+    def clean_webhooks(self) -> list[dict]:
+        hooks, problems = [], []
+        for number, line in enumerate(self.cleaned_data["webhooks"].splitlines(), start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            fmt, url = (parts[0], parts[1]) if len(parts) == 2 else ("json", parts[0]) if len(parts) == 1 else ("", "")
+            if fmt not in alert_selectors.FORMATS:
+                problems.append(f"line {number}: the format must be one of {', '.join(alert_selectors.FORMATS)}")
+            elif not re.fullmatch(r"https?://[^\s/]+\S*", url):
+                problems.append(f"line {number}: {url!r} is not an http(s) URL")
+            else:
+                hooks.append({"format": fmt, "url": url})
+        if problems:
+            raise forms.ValidationError(problems)
+        return hooks
+
+    @classmethod
+    def initial_from(cls, config: alert_selectors.AlertConfig) -> dict:
+        return {"rules": config.rules, "fallback_rate": config.fallback_rate, "queue_lag": config.queue_lag,
+                "webhooks": "\n".join(f"{w['format']} {w['url']}" for w in config.webhooks)}

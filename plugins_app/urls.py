@@ -59,6 +59,7 @@ urlpatterns = [
     path("workers/", monitoring_views.workers_page, name="workers"),
     path("alerts/", alert_views.alerts_page, name="alerts"),
     path("alerts/test/", alert_views.alerts_test, name="alerts_test"),
+    path("alerts/rules/", alert_views.alerts_configure, name="alerts_configure"),
     # WASM tools
     path("tools/", tool_views.tools_page, name="tools"),
     path("tools/install/", tool_views.tool_install, name="tool_install"),

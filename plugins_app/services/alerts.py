@@ -24,10 +24,13 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from plugins_app import bus
+from plugins_app.home import home
 from plugins_app.models import AlertEvent, AlertState, JobRecord
 from plugins_app.selectors import alerts as alert_selectors
 from plugins_app.selectors import health, outcomes
 from plugins_app.selectors.workers import split_dead
+from plugins_app.services import audit
+from plugins_app.services import config as config_service
 
 log = logging.getLogger("librefang.alerts")
 SEND_TIMEOUT_SECS = 5.0
@@ -194,3 +197,16 @@ def start_in_background() -> None:
         return
     _started = threading.Event()
     threading.Thread(target=lambda: asyncio.run(_run_forever(_started)), name="alerts", daemon=True).start()
+
+
+def configure(actor: str, rules: list[str], fallback_rate: float, queue_lag: int, webhooks: list[dict]) -> None:
+    """The Alerts page's edit: [alerts] written into config.toml (the evaluators read it on their next round) and
+    audited with what changed (webhook URLs are not logged: they often carry a secret)."""
+    details = {"rules": rules, "fallback_rate": fallback_rate, "queue_lag": queue_lag,
+               "webhooks": [w["format"] for w in webhooks]}
+    try:
+        config_service.write_alerts(home().config_path, rules, fallback_rate, queue_lag, webhooks)
+    except (config_service.ConfigWriteError, OSError) as exc:
+        audit.record(actor, "alerts.configure", "config.toml", ok=False, details={**details, "error": str(exc)})
+        raise
+    audit.record(actor, "alerts.configure", "config.toml", details=details)

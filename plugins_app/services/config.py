@@ -1,4 +1,4 @@
-"""Writing `[context_engine]` in $LIBREFANG_HOME/config.toml: tomlkit keeps the operator's comments and layout,
+"""Writing `[context_engine]` and `[alerts]` in $LIBREFANG_HOME/config.toml: tomlkit keeps the operator's comments and layout,
 and the file is replaced atomically (write a temp file, fsync, rename)."""
 
 from __future__ import annotations
@@ -71,6 +71,37 @@ def write_chain(path: Path, plugin: str | None, plugin_stack: list[str] | None) 
                 ce["plugin"] = plugin
             elif "plugin" in ce:
                 del ce["plugin"]
+        text = tomlkit.dumps(doc)
+        atomic_write(path, text)
+        return text
+
+
+def write_alerts(path: Path, rules: list[str], fallback_rate: float, queue_lag: int, webhooks: list[dict]) -> str:
+    """Set `[alerts]`'s rules, thresholds and webhooks (plugins_app/selectors/alerts.py reads them); keys this does
+    not set (every_secs) and the rest of the file are kept. Returns the new file text."""
+    with _lock:
+        doc = _load(path)
+        alerts = doc.get("alerts")
+        if alerts is None:
+            alerts = tomlkit.table()
+            doc["alerts"] = alerts
+        elif not isinstance(alerts, dict):
+            raise ConfigWriteError("[alerts] in config.toml is not a table")
+        rule_list = tomlkit.array()
+        rule_list.extend(rules)
+        alerts["rules"] = rule_list
+        alerts["fallback_rate"] = fallback_rate
+        alerts["queue_lag"] = queue_lag
+        hooks = tomlkit.aot()
+        for hook in webhooks:
+            entry = tomlkit.table()
+            entry["url"] = hook["url"]
+            entry["format"] = hook["format"]
+            hooks.append(entry)
+        if webhooks:
+            alerts["webhooks"] = hooks
+        elif "webhooks" in alerts:
+            del alerts["webhooks"]
         text = tomlkit.dumps(doc)
         atomic_write(path, text)
         return text
