@@ -29,6 +29,17 @@ def _load(path: Path) -> tomlkit.TOMLDocument:
         raise ConfigWriteError(f"{path} is not valid TOML ({exc}); fix it by hand before changing it here") from exc
 
 
+def _table(doc: tomlkit.TOMLDocument, name: str):
+    """`[name]` of the document, added when missing; refused when the key is there but not a table."""
+    table = doc.get(name)
+    if table is None:
+        table = tomlkit.table()
+        doc[name] = table
+    elif not isinstance(table, dict):
+        raise ConfigWriteError(f"[{name}] in config.toml is not a table")
+    return table
+
+
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=path.parent)
@@ -52,12 +63,7 @@ def write_chain(path: Path, plugin: str | None, plugin_stack: list[str] | None) 
     """Set the active plugin or stack (None/[] for both: the default engine). Returns the new file text."""
     with _lock:
         doc = _load(path)
-        ce = doc.get("context_engine")
-        if ce is None:
-            ce = tomlkit.table()
-            doc["context_engine"] = ce
-        elif not isinstance(ce, dict):
-            raise ConfigWriteError("[context_engine] in config.toml is not a table")
+        ce = _table(doc, "context_engine")
         if plugin_stack:
             arr = tomlkit.array()
             arr.extend(plugin_stack)
@@ -81,12 +87,7 @@ def write_alerts(path: Path, rules: list[str], fallback_rate: float, queue_lag: 
     not set (every_secs) and the rest of the file are kept. Returns the new file text."""
     with _lock:
         doc = _load(path)
-        alerts = doc.get("alerts")
-        if alerts is None:
-            alerts = tomlkit.table()
-            doc["alerts"] = alerts
-        elif not isinstance(alerts, dict):
-            raise ConfigWriteError("[alerts] in config.toml is not a table")
+        alerts = _table(doc, "alerts")
         rule_list = tomlkit.array()
         rule_list.extend(rules)
         alerts["rules"] = rule_list
