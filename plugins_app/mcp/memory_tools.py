@@ -24,6 +24,7 @@ from plugins_app.schemas import (
     Tags,
 )
 from plugins_app.selectors import memories as memory_selectors
+from plugins_app.selectors import recall as recall_selectors
 from plugins_app.services import memory as memory_service
 
 
@@ -103,7 +104,7 @@ def list_memories(args, token):
     f = memory_selectors.MemoryFilter(a.agent_id, a.peer_id or None, a.session_id or None, a.include_shared, a.key,
                                       tuple(a.tags), memory_selectors.metadata_filter(a.metadata))
     try:
-        return memory_selectors.list_memories(f, a.query, a.limit, cursor=a.cursor, oldest_first=a.order == "oldest")
+        return recall_selectors.list_memories(f, a.query, a.limit, cursor=a.cursor, oldest_first=a.order == "oldest")
     except ValueError as exc:
         raise ServiceError("invalid_cursor", str(exc), 400) from exc
 
