@@ -12,14 +12,13 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from engine.embeddings import Embedder, EmbeddingError
 from plugins_app.batching import BatchWriter
 from plugins_app.home import embedder
 from plugins_app.models import Memory, MemoryVector
-from plugins_app.services.connections import refresh_connections
 
 log = logging.getLogger("librefang.memory")
 
@@ -50,8 +49,10 @@ class VectorWriter(BatchWriter[int]):
     linger_secs = 0.05
 
     def write(self, batch: list[int]) -> None:
-        refresh_connections()
-        store_vectors(list(Memory.objects.filter(id__in=batch)))
+        try:
+            store_vectors(list(Memory.objects.filter(id__in=batch)))
+        finally:  # batches are seconds apart at most: holding a connection between them buys nothing
+            connection.close()
 
 
 VECTORS = VectorWriter()
