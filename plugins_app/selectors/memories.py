@@ -234,3 +234,17 @@ def _like(f: MemoryFilter, terms, limit):
         rows.append((m.id, sum(1 for t in terms if t in low), 0.0))
     rows.sort(key=lambda r: r[1], reverse=True)
     return rows[:limit]
+
+
+def agents_with_memories(limit: int = 500) -> list[dict]:
+    """Agents that have live memories, with how many (the dashboard's memory page)."""
+    rows = (Memory.objects.filter(live()).values("agent_id").annotate(count=Count("id")).order_by("agent_id"))
+    return [{"agent_id": r["agent_id"], "count": r["count"]} for r in rows[:limit]]
+
+
+def newest(agent_id: str, limit: int = 50) -> list[Memory]:
+    """An agent's newest live memories, each with its vector's model (`vector_model`, None when it has none)."""
+    rows = list(Memory.objects.filter(live(), agent_id=agent_id).select_related("vector").order_by("-id")[:limit])
+    for m in rows:
+        m.vector_model = m.vector.model if hasattr(m, "vector") else None  # no row: RelatedObjectDoesNotExist
+    return rows

@@ -203,3 +203,39 @@ def test_it_reembeds_in_batches_and_resumes_after_a_failure(store, home, endpoin
     configure(home, '[embeddings]\nprovider = "wordllama"\n')
     assert reembed(batch_size=2) == 5
     assert reembed(batch_size=2) == 0
+
+
+# ---- the dashboard's memory page ----
+
+def test_it_shows_an_agents_memories_and_a_recalls_scores_on_the_dashboard(client, store):
+    from django.contrib.auth.models import User
+    remember_all(store)
+    store.remember("other", None, "I own a green tractor", scope="interaction")
+    VECTORS.flush(timeout=30)
+    client.force_login(User.objects.create_user("ops", "", "pw", is_staff=True))  # an admin
+    page = client.get("/memories/?agent=a1").content.decode()
+    assert "I drive a red Tesla" in page and WordLlamaEmbedder.model in page and "tractor" not in page
+    page = client.get("/memories/", {"agent": "a1", "q": "what vehicle do I own"}).content.decode()
+    results = page[page.index('id="recall-results"'):page.index('id="stored-h"')]
+    first_row = results[results.index("<tbody>"):results.index("</tr>", results.index("<tbody>"))]
+    assert "I drive a red Tesla" in first_row  # ranked first
+    assert "Recalled by meaning and words" in page and "tractor" not in results
+    assert "<script>" not in page and "style=" not in page  # the CSP allows neither
+
+
+def test_it_says_on_the_dashboard_when_recall_fell_back_to_text(client, store, home):
+    from django.contrib.auth.models import User
+    remember_all(store)
+    configure(home, '[embeddings]\nprovider = "none"\n')
+    client.force_login(User.objects.create_user("ops", "", "pw", is_staff=True))
+    page = client.get("/memories/", {"agent": "a1", "q": "red car"}).content.decode()
+    assert 'id="recall-fallback"' in page and "no embedder configured" in page
+
+
+def test_it_refuses_the_memory_page_to_viewers_and_anonymous_users(client, store):
+    from django.contrib.auth.models import User
+    remember_all(store)
+    assert client.get("/memories/?agent=a1").status_code == 302
+    client.force_login(User.objects.create_user("reader", "", "pw"))
+    resp = client.get("/memories/?agent=a1")
+    assert resp.status_code == 403 and "I drive a red Tesla" not in resp.content.decode()
