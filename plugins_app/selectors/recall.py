@@ -35,7 +35,7 @@ from plugins_app.selectors.memories import (
 )
 
 log = logging.getLogger("librefang.memory")
-MIN_COSINE = 0.05  # below this a memory is unrelated to the query: not a vector candidate
+MIN_COSINE = 0.0  # a vector pointing away from the query is no candidate (0.05 cost 4 points of recall@5 on the bench)
 
 
 @dataclass
