@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
 from django.db.models import F, QuerySet
 
 from engine.embeddings import EmbeddingError, fuse
@@ -53,7 +52,8 @@ class Recall:
     fallback: str | None = None  # why recall is text only
 
 
-def as_vector(blob: bytes) -> np.ndarray:
+def as_vector(blob: bytes):
+    import numpy as np  # here, not at import: the web process loads it only once something is recalled
     return np.frombuffer(bytes(blob), dtype=np.float32)
 
 
@@ -69,6 +69,7 @@ def vector_ranking(f: MemoryFilter, query_vec: list[float], model: str, limit: i
                                                   dimensions=len(query_vec))).values_list("memory_id", "embedding"))
     if not rows:
         return []
+    import numpy as np
     matrix = np.stack([as_vector(blob) for _, blob in rows])
     sims = matrix @ np.asarray(query_vec, dtype=np.float32)
     order = np.argsort(-sims)[:limit]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import numpy as np
 from django.db import connection, transaction
 from django.db.models import F
 
@@ -93,6 +92,7 @@ def reembed(batch_size: int = 64, agent_id: str | None = None,
 
 def _write(memories: list[Memory], vectors: list[list[float]], emb: Embedder) -> None:
     """Replace these memories' vectors (a memory has one, of one model)."""
+    import numpy as np  # here, not at import: a process loads it only once something is embedded
     rows = [MemoryVector(memory_id=m.id, model=emb.model, dimensions=len(v),
                          embedding=np.asarray(v, dtype=np.float32).tobytes()) for m, v in zip(memories, vectors, strict=True)]
     with transaction.atomic():

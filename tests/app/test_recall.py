@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -21,6 +25,7 @@ from plugins_app.services.memory import DbMemoryStore
 from plugins_app.services.vectors import VECTORS, reembed
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
 
 FACTS = ["I have a nut allergy", "I drive a red Tesla", "my favourite colour is teal",
          "The quarterly report is due on Friday", "My sister lives in Lisbon"]
@@ -52,6 +57,16 @@ def test_it_recalls_by_meaning_with_no_shared_word(store):
         rows = store.recall("a1", None, question, 1)
         assert [r["content"] for r in rows] == [fact], question
         assert 0 < rows[0]["score"] <= 1
+
+
+def test_the_web_process_loads_no_embedding_model_until_something_is_embedded(tmp_path):
+    probe = ("import json, sys, django; django.setup(); import librefang_site.asgi; "
+             "print(json.dumps([m for m in ('numpy', 'wordllama', 'tokenizers') if m in sys.modules]))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "librefang_site.settings", "LIBREFANG_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_it_shows_vector_text_and_fused_scores_over_the_api(store):
