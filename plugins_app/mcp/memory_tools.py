@@ -43,7 +43,7 @@ class MemoryListArgs(BaseModel):
     tags: Tags = Field(default_factory=list, max_length=16)
     metadata: dict[str, str | int | float | bool | None] | None = Field(None, description="top-level metadata "
                                                                                          "values to match")
-    query: str | None = Field(None, max_length=2000, description="search words: ranked best first, with a score")
+    query: str | None = Field(None, max_length=2000, description="what to recall: ranked by meaning and words, best first, with scores")
     order: Literal["newest", "oldest"] = "newest"
     cursor: str | None = Field(None, max_length=200)
     limit: int = Field(50, ge=1, le=200)
@@ -140,8 +140,8 @@ MEMORY_TOOLS = [
           MemoryPutOut),
     _tool("memory_get", "One memory by id.", MemoryIdArgs, get, MemoryOut),
     _tool("memory_list", "An agent's memories for a peer and session, newest first, a page at a time; with a query, "
-                         "ranked by relevance. Filters: key, tags, metadata.", MemoryListArgs, list_memories,
-          MemoryListOut),
+                         "recalled by meaning and words (docs/recall.md). Filters: key, tags, metadata.",
+          MemoryListArgs, list_memories, MemoryListOut),
     _tool("memory_update", "Change a memory's content, tags, metadata or expiry.", MemoryUpdateArgs, update,
           MemoryOut),
     _tool("memory_delete", "Forget one memory.", MemoryIdArgs, delete, MemoryDeleteOut),
