@@ -9,7 +9,7 @@ import functools
 from django.conf import settings
 
 from engine.config import ConfigCache
-from engine.embeddings import Embedder, EmbeddingsConfig, embedder_for
+from engine.embeddings import Embedder, EmbeddingError, EmbeddingsConfig, embedder_for
 from engine.home import Home
 from engine.plugins.catalog import Catalog
 
@@ -34,6 +34,14 @@ def embedder() -> Embedder | None:
     """The configured `[embeddings]` provider (None: recall is text only), one per configuration, so the wordllama
     model loads once per process and only when something is embedded."""
     return _embedder_for(config_cache().get().embeddings.model_dump_json())
+
+
+def required_embedder() -> Embedder:
+    """The configured provider; EmbeddingError when recall is text only."""
+    emb = embedder()
+    if emb is None:
+        raise EmbeddingError('no embedder configured ([embeddings] provider = "none")')
+    return emb
 
 
 @functools.lru_cache(maxsize=4)

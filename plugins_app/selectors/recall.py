@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from django.db.models import F, QuerySet
 
 from engine.embeddings import EmbeddingError, fuse
-from plugins_app.home import embedder
+from plugins_app.home import required_embedder
 from plugins_app.models import Memory, MemoryVector
 from plugins_app.selectors.memories import (
     CANDIDATES_PER_RESULT,
@@ -83,9 +83,7 @@ def recall(f: MemoryFilter, query: str, limit: int) -> Recall:
     candidates = limit * CANDIDATES_PER_RESULT
     text = search(f, query, candidates)
     try:
-        emb = embedder()
-        if emb is None:
-            raise EmbeddingError("no embedder configured ([embeddings] provider = \"none\")")
+        emb = required_embedder()
         [query_vec] = emb.embed([query])
         by_vector = vector_ranking(f, query_vec, emb.model, candidates)
     except EmbeddingError as exc:

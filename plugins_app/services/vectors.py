@@ -16,7 +16,7 @@ from django.db.models import F
 
 from engine.embeddings import Embedder, EmbeddingError
 from plugins_app.batching import BatchWriter
-from plugins_app.home import embedder
+from plugins_app.home import embedder, required_embedder
 from plugins_app.models import Memory, MemoryVector
 
 log = logging.getLogger("librefang.memory")
@@ -72,9 +72,7 @@ def reembed(batch_size: int = 64, agent_id: str | None = None,
     """Give every memory a vector of the configured model, in batches; resumable (each batch is committed and only
     memories still missing one are taken). Returns how many were embedded; raises EmbeddingError when the embedder
     fails (what is done stays done)."""
-    emb = embedder()
-    if emb is None:
-        raise EmbeddingError("no embedder configured ([embeddings] provider = \"none\")")
+    emb = required_embedder()
     total = missing(emb.model, emb.dimensions, agent_id).count()
     done = 0
     after = 0

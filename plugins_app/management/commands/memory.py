@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from engine.embeddings import EmbeddingError
-from plugins_app.home import embedder
+from plugins_app.home import required_embedder
 from plugins_app.services.vectors import reembed
 
 
@@ -26,9 +26,7 @@ class Command(BaseCommand):
         if batch_size <= 0:
             raise CommandError("--batch-size must be positive", returncode=2)
         try:
-            emb = embedder()
-            if emb is None:
-                raise EmbeddingError("no embedder configured ([embeddings] provider = \"none\")")
+            emb = required_embedder()
             self.stdout.write(f"re-embedding with {emb.model} ({emb.dimensions} dimensions)")
             done = reembed(batch_size, agent, progress=lambda n, total: self.stdout.write(f"  {n}/{total}"))
         except EmbeddingError as exc:
