@@ -44,8 +44,7 @@ class EmbeddingsConfig(BaseModel):
     model: str | None = None
     dimensions: int | None = Field(None, gt=0, le=8192)
     api_key_env: str | None = None  # the NAME of the environment variable holding the key
-    timeout_secs: float = Field(10.0, gt=0)
-    batch_size: int = Field(64, gt=0, le=2048)
+    timeout_secs: float = Field(3.0, gt=0)  # ingest waits this long at most for its query's vector
 
 
 def normalized(vec: Sequence[float]) -> list[float]:

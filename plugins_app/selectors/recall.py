@@ -4,8 +4,7 @@ reciprocal rank fusion (engine/embeddings.py `fuse`).
 Vectors live in MemoryVector (float32, unit length, the model recorded). The scope filter runs first, in the
 database, so the vector ranking only ever sees the memories `MemoryFilter` allows; then an exact cosine scan over
 those vectors of the configured model (vectors of another model, or older than their memory's last change, are
-skipped, never compared). The same code and
-the same scores on SQLite and PostgreSQL. When the query cannot be embedded (no embedder, the model failed, the
+skipped, never compared). The same code and the same scores on SQLite and PostgreSQL. When the query cannot be embedded (no embedder, the model failed, the
 endpoint is down) recall is full text alone and `Recall.fallback` says why.
 
 Scores are 0..1: `fused` (1 = ranked first by both), `vector` (cosine, clipped at 0) and `text` (the full-text
