@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from engine.errors import ServiceError
+from engine.ports import Recalled
 from plugins_app.models import Memory
 from plugins_app.selectors.memories import MemoryFilter, recalled, to_dict
 from plugins_app.selectors.recall import recall
@@ -45,7 +46,7 @@ class DbMemoryStore:
         """Ingest's recall: that peer's and session's memories and the agent's shared ones (no peer or session:
         all of them), best first, each with its id, key, score and times."""
         found = recall(MemoryFilter(agent_id, peer_id or None, session_id or None), query, limit)
-        return [recalled(hit.memory, hit.score) for hit in found.hits]
+        return Recalled([recalled(hit.memory, hit.score) for hit in found.hits], found.fallback)
 
 
 # ---- the memory API's writes (plugins_app/api/memories.py) ----

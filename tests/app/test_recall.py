@@ -190,6 +190,21 @@ def test_it_falls_back_to_text_when_the_endpoint_fails_or_is_down(store, home, e
     assert sorted(h.memory.content for h in found.hits) == ["I broke my left arm skiing", "my favourite colour is teal"]
 
 
+def test_the_engines_ingest_says_when_it_recalled_by_text_alone(store, home, endpoint):
+    from plugins_app.services.engine import get_engine, reset_engine
+    configure(home, openai_config(endpoint))
+    remember_all(store)
+    reset_engine()
+    answer = get_engine().handle("ingest", {"agent_id": "a1", "message": "what vehicle do I own"}).to_dict()
+    assert answer["source"] == "default" and "warnings" not in answer
+    assert [m["content"] for m in answer["memories"]][:1] == ["I drive a red Tesla"]
+    EmbeddingServer.fail = True
+    answer = get_engine().handle("ingest", {"agent_id": "a1", "message": "red vehicle"}).to_dict()
+    assert [m["content"] for m in answer["memories"]] == ["I drive a red Tesla"]
+    assert len(answer["warnings"]) == 1 and answer["warnings"][0].startswith("recalled by text alone: ")
+    assert "500" in answer["warnings"][0] and "fallback_reason" not in answer  # not a fallback to the default
+
+
 def test_it_reembeds_on_a_model_change_and_never_mixes_dimensions(store, home, endpoint, capsys):
     remember_all(store)  # wordllama, 256 dimensions
     configure(home, openai_config(endpoint, dims=256))
