@@ -19,6 +19,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,10 +64,9 @@ class WordLlamaEmbedder:
         with cls._lock:
             if cls._loaded is None:
                 try:
-                    from pathlib import Path
-
                     import wordllama
-                    # the wheel carries weights/ and tokenizers/; pointing the cache there keeps it offline
+                    # The wheel carries weights/ and tokenizers/, but wordllama 0.4 looks for its packaged tokenizer
+                    # under tokenizer/ and would download it: the package directory as the cache keeps it offline.
                     cls._loaded = wordllama.WordLlama.load(dim=cls.dimensions, disable_download=True,
                                                            cache_dir=Path(wordllama.__file__).parent)
                 except Exception as exc:  # ImportError, a missing file: recall goes on with text
