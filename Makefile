@@ -75,6 +75,7 @@ lock: $(STAMP)
 
 bench: $(READY)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/recall/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info $(NATIVE_SPARE)

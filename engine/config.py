@@ -1,5 +1,5 @@
-"""`[context_engine]`, `[llm]`, `[limits]` and `[plugin_env]` from $LIBREFANG_HOME/config.toml, re-read whenever the
-file changes on disk."""
+"""`[context_engine]`, `[llm]`, `[limits]`, `[plugin_env]` and `[embeddings]` (engine/embeddings.py) from
+$LIBREFANG_HOME/config.toml, re-read whenever the file changes on disk."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.embeddings import EmbeddingsConfig
 from engine.filecache import FileCache
 
 
@@ -86,6 +87,7 @@ class ServiceConfig(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     plugin_env: PluginEnv = Field(default_factory=PluginEnv)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     error: str | None = None
 
 

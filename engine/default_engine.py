@@ -26,7 +26,11 @@ def ingest(request: dict, memory: MemoryStore, max_recall_results: int = 5) -> d
                                  str(request.get("message") or ""), max_recall_results, **session_of(request))
     except Exception:  # recall trouble must never cost the agent its turn
         memories = []
-    return {"type": "ingest_result", "memories": memories}
+    fallback = getattr(memories, "fallback", None)  # engine.ports.Recalled: why recall was by text alone
+    if fallback:
+        return {"type": "ingest_result", "memories": list(memories),
+                "warnings": [f"recalled by text alone: {fallback}"]}
+    return {"type": "ingest_result", "memories": list(memories)}
 
 
 INTERACTION_MAX_CHARS = 2000

@@ -40,6 +40,15 @@ MCP = "mcp"
 TEST_CONSOLE = "test_console"
 
 
+class Recalled(list):
+    """What MemoryStore.recall may answer: the memories, and `fallback`, why recall was by text alone (the embedder
+    failed or is off; None when vectors were used). Ingest passes it on as a warning (engine/default_engine.py)."""
+
+    def __init__(self, memories=(), fallback: str | None = None):
+        super().__init__(memories)
+        self.fallback = fallback
+
+
 class MemoryStore(Protocol):
     """The default engine's memories. `session_id` (and `metadata`) are passed only when the agent gave them."""
 

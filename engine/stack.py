@@ -279,7 +279,7 @@ class ContextEngine:
             memories += memories_from(a.reply, "hook_cached" if a.cached else "hook")
         source = ",".join(a.plugin for a in ok) or "default"
         return EngineReply({"type": "ingest_result", "memories": memories}, source, self._reason(attempts),
-                           self._trace_ids(attempts))
+                           self._trace_ids(attempts), list(default.get("warnings", [])))
 
     def _first_usable(self, hook: str, strategy: Strategy, req: dict, chain: list[str], cfg: ServiceConfig,
                       job_id: str | None) -> EngineReply:

@@ -11,6 +11,8 @@
                                   permissions | approve …
                                   (`librefang plugin -h`)
   librefang token ACTION …        create --role owner|admin|viewer|agent --name N | list | revoke ID|NAME
+  librefang memory reembed        embed every memory lacking a vector of the [embeddings] model, in batches
+                                  (--batch-size N, --agent ID); resumable, progress printed
 
 Exit codes: 0 ok, 1 check or hook failed, 2 invalid input, 3 not found, 4 conflict.
 """
@@ -29,7 +31,8 @@ from pathlib import Path
 from urllib.parse import quote, urlparse, urlunparse
 
 SETTINGS = "librefang_site.settings"
-COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate"}
+COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate",
+            "memory": "memory"}
 
 
 def _take_home(argv: list[str]) -> list[str]:

@@ -153,6 +153,16 @@ class Memory(models.Model):
                                                condition=~models.Q(key=""), name="uniq_memory_key_in_scope")]
 
 
+class MemoryVector(models.Model):
+    """A memory's embedding (float32, unit length) and the model that made it: recall compares only vectors of the
+    configured model, so a model or dimension change never mixes two (`librefang memory reembed` re-embeds)."""
+
+    memory = models.OneToOneField(Memory, on_delete=models.CASCADE, primary_key=True, related_name="vector")
+    model = models.CharField(max_length=200, db_index=True)
+    dimensions = models.IntegerField()
+    embedding = models.BinaryField()
+    embedded_at = models.DateTimeField(auto_now=True)
+
 class JobRecord(models.Model):
     """The stored outcome of a bus job; the worker XACKs only after this row is written."""
 

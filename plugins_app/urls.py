@@ -6,6 +6,7 @@ from plugins_app.views import alerts as alert_views
 from plugins_app.views import doctor as doctor_views
 from plugins_app.views import engine as engine_views
 from plugins_app.views import mcp as mcp_views
+from plugins_app.views import memories as memory_views
 from plugins_app.views import monitoring as monitoring_views
 from plugins_app.views import parity as parity_views
 from plugins_app.views import permissions as permission_views
@@ -17,6 +18,7 @@ api_urls = api.urls
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="plugins_app/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("memories/", memory_views.memories_page, name="memories"),
     # Plugins
     path("", plugin_views.plugin_list, name="plugin_list"),
     path("create/", plugin_views.plugin_create, name="plugin_create"),

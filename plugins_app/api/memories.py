@@ -31,6 +31,7 @@ from plugins_app.schemas import (
     MemoryScopesOut,
 )
 from plugins_app.selectors import memories as memory_selectors
+from plugins_app.selectors import recall as recall_selectors
 from plugins_app.services import memory as memory_service
 
 router = Router(tags=["memories"])
@@ -105,7 +106,7 @@ def put(request):
 @router.get("", auth=AGENT, response={200: MemoryListOut, **E}, operation_id="memories_list")
 def list_memories(request, query: Query[MemoryQuery]):
     """The memories an agent recalls for a peer and session, newest (or oldest) first, a page at a time
-    (`next_cursor`); with `q`, the full-text search ranked by relevance (0..1). Filters: key, tags, metadata."""
+    (`next_cursor`); with `q`, recall by meaning and full text (fused, 0..1). Filters: key, tags, metadata."""
     _refuse_unknown_query(request, set(MemoryQuery.model_fields))
     check_agents(request.auth, [query.agent_id])
     if query.cursor and query.offset:
@@ -114,7 +115,7 @@ def list_memories(request, query: Query[MemoryQuery]):
                                       query.include_shared, query.key, tuple(query.tags),
                                       _metadata_filter(query.metadata))
     try:
-        page = memory_selectors.list_memories(f, query.q, query.limit, query.offset, query.cursor,
+        page = recall_selectors.list_memories(f, query.q, query.limit, query.offset, query.cursor,
                                               oldest_first=query.order == "oldest")
     except ValueError as exc:
         raise ApiError(400, "invalid_cursor", str(exc)) from exc

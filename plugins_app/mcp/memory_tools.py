@@ -24,6 +24,7 @@ from plugins_app.schemas import (
     Tags,
 )
 from plugins_app.selectors import memories as memory_selectors
+from plugins_app.selectors import recall as recall_selectors
 from plugins_app.services import memory as memory_service
 
 
@@ -42,7 +43,7 @@ class MemoryListArgs(BaseModel):
     tags: Tags = Field(default_factory=list, max_length=16)
     metadata: dict[str, str | int | float | bool | None] | None = Field(None, description="top-level metadata "
                                                                                          "values to match")
-    query: str | None = Field(None, max_length=2000, description="search words: ranked best first, with a score")
+    query: str | None = Field(None, max_length=2000, description="what to recall: ranked by meaning and words, best first, with scores")
     order: Literal["newest", "oldest"] = "newest"
     cursor: str | None = Field(None, max_length=200)
     limit: int = Field(50, ge=1, le=200)
@@ -103,7 +104,7 @@ def list_memories(args, token):
     f = memory_selectors.MemoryFilter(a.agent_id, a.peer_id or None, a.session_id or None, a.include_shared, a.key,
                                       tuple(a.tags), memory_selectors.metadata_filter(a.metadata))
     try:
-        return memory_selectors.list_memories(f, a.query, a.limit, cursor=a.cursor, oldest_first=a.order == "oldest")
+        return recall_selectors.list_memories(f, a.query, a.limit, cursor=a.cursor, oldest_first=a.order == "oldest")
     except ValueError as exc:
         raise ServiceError("invalid_cursor", str(exc), 400) from exc
 
@@ -139,8 +140,8 @@ MEMORY_TOOLS = [
           MemoryPutOut),
     _tool("memory_get", "One memory by id.", MemoryIdArgs, get, MemoryOut),
     _tool("memory_list", "An agent's memories for a peer and session, newest first, a page at a time; with a query, "
-                         "ranked by relevance. Filters: key, tags, metadata.", MemoryListArgs, list_memories,
-          MemoryListOut),
+                         "recalled by meaning and words (docs/recall.md). Filters: key, tags, metadata.",
+          MemoryListArgs, list_memories, MemoryListOut),
     _tool("memory_update", "Change a memory's content, tags, metadata or expiry.", MemoryUpdateArgs, update,
           MemoryOut),
     _tool("memory_delete", "Forget one memory.", MemoryIdArgs, delete, MemoryDeleteOut),

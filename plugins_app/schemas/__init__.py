@@ -320,6 +320,9 @@ class MemoryOut(Schema):
     updated_at: str
     expires_at: str | None
     score: float | None = Field(None, description="with a search: relevance, 0..1")
+    scores: dict[str, float | None] | None = Field(
+        None, description="with a search: vector (cosine), text (full-text) and fused (reciprocal rank fusion) scores, "
+                          "each 0..1; null where that ranking did not find the memory")
 
 
 class MemoryListOut(Schema):
@@ -329,6 +332,8 @@ class MemoryListOut(Schema):
     limit: int
     query: str | None
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
+    recall: dict[str, str | None] | None = Field(
+        None, description="with a search: mode (hybrid, or text when vectors were unavailable) and fallback (why)")
 
 
 class MemoryDeleteOut(Schema):

@@ -144,33 +144,6 @@ def decode_cursor(cursor: str) -> dict:
     return data
 
 
-def list_memories(f: MemoryFilter, q: str | None, limit: int, offset: int = 0, cursor: str | None = None,
-                  oldest_first: bool = False) -> dict:
-    """A page of what `f` sees: with `q`, the search ranked best first, each with its score; else newest (or
-    oldest) first. `next_cursor` fetches the next page (null on the last)."""
-    position = decode_cursor(cursor) if cursor else {}
-    if "after" in position and position.get("asc", 0) != int(oldest_first):
-        raise ValueError("this cursor belongs to a listing in the other order")
-    if q and q.strip():
-        found = search(f, q, MAX_SEARCH_RESULTS)
-        start = position.get("rank", offset)
-        page = found[start:start + limit]
-        more = start + limit < len(found)
-        return {"items": [to_dict(m, score) for m, score in page], "total": len(found), "offset": start,
-                "limit": limit, "query": q, "next_cursor": encode_cursor({"rank": start + limit}) if more else None}
-    qs = scoped(f)
-    total = qs.count()
-    ordered = qs.order_by("id" if oldest_first else "-id")
-    if "after" in position:
-        ordered = ordered.filter(id__gt=position["after"]) if oldest_first else \
-            ordered.filter(id__lt=position["after"])
-        offset = 0
-    items = list(ordered[offset:offset + limit + 1])
-    more, items = len(items) > limit, items[:limit]
-    return {"items": [to_dict(m) for m in items], "total": total, "offset": offset, "limit": limit, "query": None,
-            "next_cursor": encode_cursor({"after": items[-1].id, "asc": int(oldest_first)}) if more else None}
-
-
 def scopes(agent_id: str) -> list[dict]:
     """The (peer, session) scopes an agent has live memories in, with how many."""
     rows = (Memory.objects.filter(live(), agent_id=agent_id).values("peer_id", "session_id")
@@ -261,3 +234,17 @@ def _like(f: MemoryFilter, terms, limit):
         rows.append((m.id, sum(1 for t in terms if t in low), 0.0))
     rows.sort(key=lambda r: r[1], reverse=True)
     return rows[:limit]
+
+
+def agents_with_memories(limit: int = 500) -> list[dict]:
+    """Agents that have live memories, with how many (the dashboard's memory page)."""
+    rows = (Memory.objects.filter(live()).values("agent_id").annotate(count=Count("id")).order_by("agent_id"))
+    return [{"agent_id": r["agent_id"], "count": r["count"]} for r in rows[:limit]]
+
+
+def newest(agent_id: str, limit: int = 50) -> list[Memory]:
+    """An agent's newest live memories, each with its vector's model (`vector_model`, None when it has none)."""
+    rows = list(Memory.objects.filter(live(), agent_id=agent_id).select_related("vector").order_by("-id")[:limit])
+    for m in rows:
+        m.vector_model = m.vector.model if hasattr(m, "vector") else None  # no row: RelatedObjectDoesNotExist
+    return rows

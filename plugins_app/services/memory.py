@@ -12,9 +12,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from engine.errors import ServiceError
+from engine.ports import Recalled
 from plugins_app.models import Memory
-from plugins_app.selectors.memories import MemoryFilter, recalled, search, to_dict
+from plugins_app.selectors.memories import MemoryFilter, recalled, to_dict
+from plugins_app.selectors.recall import recall
 from plugins_app.services import audit
+from plugins_app.services.vectors import VECTORS, store_vectors
 
 log = logging.getLogger("librefang.memory")
 REDELIVERY_WINDOW = timedelta(minutes=10)  # an after_turn processed twice must not remember the turn twice
@@ -33,15 +36,17 @@ class DbMemoryStore:
         if scope == "interaction" and Memory.objects.filter(
                 **fields, content=content, created_at__gte=timezone.now() - REDELIVERY_WINDOW).exists():
             return None
-        return Memory.objects.create(**fields, content=content, tags=list(tags or [])[:16], source=source[:128],
-                                     metadata=dict(metadata or {}))
+        m = Memory.objects.create(**fields, content=content, tags=list(tags or [])[:16], source=source[:128],
+                                  metadata=dict(metadata or {}))
+        VECTORS.put(m.id)  # embedded in batches by the writer thread, off the agent's path
+        return m
 
     def recall(self, agent_id: str, peer_id: str | None, query: str, limit: int,
                session_id: str | None = None) -> list[dict]:
         """Ingest's recall: that peer's and session's memories and the agent's shared ones (no peer or session:
         all of them), best first, each with its id, key, score and times."""
-        found = search(MemoryFilter(agent_id, peer_id or None, session_id or None), query, limit)
-        return [recalled(m, score) for m, score in found]
+        found = recall(MemoryFilter(agent_id, peer_id or None, session_id or None), query, limit)
+        return Recalled([recalled(hit.memory, hit.score) for hit in found.hits], found.fallback)
 
 
 # ---- the memory API's writes (plugins_app/api/memories.py) ----
@@ -85,6 +90,7 @@ def create_memory(fields: dict[str, Any], actor: str) -> dict:
                                       source=f"api:{actor}"[:128], expires_at=_checked_expiry(fields.get("expires_at")))
     except IntegrityError:  # the same key written at the same moment by another call
         raise MemoryConflict(Memory.objects.get(**scope, key=key)) from None
+    store_vectors([m])
     return to_dict(m)
 
 
@@ -98,6 +104,7 @@ def put_memory(fields: dict[str, Any], actor: str) -> tuple[dict, bool]:
               "metadata": dict(fields.get("metadata") or {}), "expires_at": _checked_expiry(fields.get("expires_at")),
               "source": f"api:{actor}"[:128]}
     m, created = Memory.objects.update_or_create(**scope, key=fields["key"], defaults=values)
+    store_vectors([m])
     return to_dict(m), created
 
 
@@ -111,6 +118,7 @@ def update_memory(m: Memory, changes: dict[str, Any]) -> dict:
     for name, value in changes.items():
         setattr(m, name, value)
     m.save()
+    store_vectors([m])  # a vector older than its memory's last change is not used (plugins_app/selectors/recall.py)
     return to_dict(m)
 
 
@@ -129,7 +137,8 @@ def delete_scope(agent_id: str, peer_id: str | None, session_id: str | None, act
         qs = qs.filter(peer_id=peer_id)
     if session_id:
         qs = qs.filter(session_id=session_id)
-    count, _ = qs.delete()
+    _, deleted = qs.delete()
+    count = deleted.get(Memory._meta.label, 0)  # not their vectors, deleted with them
     audit.record(actor, "memory.delete_agent", agent_id, details={"peer_id": peer_id, "session_id": session_id,
                                                                   "deleted": count})
     return {"deleted": count, "agent_id": agent_id, "peer_id": peer_id, "session_id": session_id}

@@ -6,7 +6,9 @@ import json
 
 from django import template
 
+from plugins_app.auth import role_may
 from plugins_app.selectors.dashboard import is_owner as _is_owner
+from plugins_app.selectors.dashboard import user_role
 
 register = template.Library()
 
@@ -14,6 +16,12 @@ register = template.Library()
 @register.filter
 def is_owner(user) -> bool:
     return _is_owner(user)
+
+
+@register.filter
+def is_admin(user) -> bool:
+    """Admins and owners (pages such as Memories, which show what agents stored)."""
+    return role_may(user_role(user), "admin")
 
 
 @register.filter

@@ -1,5 +1,5 @@
-"""The default engine's DB memory store: real full-text recall (SQLite FTS5 here; PostgreSQL when DATABASE_URL
-points at one: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/pytest tests/app/test_memory.py`)."""
+"""The default engine's DB memory store: real full-text recall, the embedder off (SQLite FTS5 here; PostgreSQL when
+DATABASE_URL points at one: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/pytest tests/app/test_memory.py`)."""
 
 import json
 
@@ -14,7 +14,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def store():
+def store(home):
+    """Full text alone: recall by meaning and its fusion with this ranking are tests/app/test_recall.py's."""
+    from plugins_app.home import forget
+    (home.root / "config.toml").write_text('[embeddings]\nprovider = "none"\n')
+    forget()
     return DbMemoryStore()
 
 

@@ -30,3 +30,23 @@ def test_it_recalls_a_turn_in_default_mode_and_the_memory_api_deletes_it(tmp_pat
         assert status == 200 and deleted["deleted"] == 1
         status, reply = live.hook("ingest", {"agent_id": "e2e-agent", "peer_id": "u9", "message": "release train?"})
         assert status == 200 and reply["memories"] == []
+
+
+def test_it_recalls_by_meaning_with_no_configuration(tmp_path):
+    """`make run` as shipped: the offline embedder, no [embeddings] section, questions sharing no word with the turn."""
+    facts = {"I have a nut allergy": "what can't I eat", "I drive a red Tesla": "what vehicle do I own",
+             "my favourite colour is teal": "what color do I like"}
+    with running_service(tmp_path) as live:
+        for fact in facts:
+            status, body = live.hook("after_turn", {"agent_id": "meaning", "messages": [
+                {"role": "user", "content": fact}, {"role": "assistant", "content": "Noted."}]})
+            assert status == 202, body
+        for fact, question in facts.items():
+            deadline = time.monotonic() + 30
+            top = None
+            while time.monotonic() < deadline and top != f"User: {fact}\nAssistant: Noted.":
+                status, reply = live.hook("ingest", {"agent_id": "meaning", "message": question})
+                assert status == 200, reply
+                top = reply["memories"][0]["content"] if reply["memories"] else None
+                time.sleep(0.2)
+            assert top == f"User: {fact}\nAssistant: Noted.", (question, reply)
