@@ -274,6 +274,7 @@ class MemoryOut(_Open):
     updated_at: str
     expires_at: str | None
     score: float | None = None
+    scores: dict[str, float | None] | None = None  # with a search: vector, text and fused, each 0..1
 
 
 class MemoryListOut(_Open):
@@ -283,6 +284,7 @@ class MemoryListOut(_Open):
     limit: int
     query: str | None
     next_cursor: str | None
+    recall: dict[str, str | None] | None = None  # with a search: mode (hybrid or text) and fallback (why)
 
 
 class MemoryDeleteOut(_Open):
