@@ -55,10 +55,10 @@ test: $(READY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
 	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # and below the python spare (a machine without a C compiler)
-	@# The memory store's full-text search again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
+	@# The memory store (full-text and vector recall, tenant scopes) again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
 	@# a per-run database name so parallel runs never share Django's test database.
 	@if $(BIN)/python -c "import psycopg; psycopg.connect('$(PG_URL)', connect_timeout=3).close()" 2>/dev/null; then \
-		DATABASE_URL="$(dir $(PG_URL))lfmem_$$$$" $(BIN)/pytest -q tests/app/test_memory.py tests/app/test_engine_llm.py; \
+		DATABASE_URL="$(dir $(PG_URL))lfmem_$$$$" $(BIN)/pytest -q tests/app/test_memory.py tests/app/test_recall.py tests/app/test_tenancy.py tests/app/test_engine_llm.py; \
 	else echo "PostgreSQL not reachable at $(PG_URL): skipping the PostgreSQL memory-store run"; fi
 
 # A longer schemathesis run than the one `make test` includes (tests/e2e/test_api_schemathesis.py, 15 examples
