@@ -59,50 +59,58 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_chain(path: Path, plugin: str | None, plugin_stack: list[str] | None) -> str:
-    """Set the active plugin or stack (None/[] for both: the default engine). Returns the new file text."""
+def _rewrite(path: Path, change) -> str:
+    """Load config.toml, let `change` edit the document, write it back atomically; the new text. One writer at a
+    time in this process."""
     with _lock:
         doc = _load(path)
-        ce = _table(doc, "context_engine")
-        if plugin_stack:
-            arr = tomlkit.array()
-            arr.extend(plugin_stack)
-            ce["plugin_stack"] = arr
-            if "plugin" in ce:
-                del ce["plugin"]
-        else:
-            if "plugin_stack" in ce:
-                del ce["plugin_stack"]
-            if plugin:
-                ce["plugin"] = plugin
-            elif "plugin" in ce:
-                del ce["plugin"]
+        change(doc)
         text = tomlkit.dumps(doc)
         atomic_write(path, text)
         return text
+
+
+def write_chain(path: Path, plugin: str | None, plugin_stack: list[str] | None) -> str:
+    """Set the active plugin or stack (None/[] for both: the default engine). Returns the new file text."""
+
+    def change(doc):
+        ce = _table(doc, "context_engine")
+        if plugin_stack:
+            ce["plugin_stack"] = _array(plugin_stack)
+            ce.pop("plugin", None)
+        else:
+            ce.pop("plugin_stack", None)
+            if plugin:
+                ce["plugin"] = plugin
+            else:
+                ce.pop("plugin", None)
+
+    return _rewrite(path, change)
 
 
 def write_alerts(path: Path, rules: list[str], fallback_rate: float, queue_lag: int, webhooks: list[dict]) -> str:
     """Set `[alerts]`'s rules, thresholds and webhooks (plugins_app/selectors/alerts.py reads them); keys this does
     not set (every_secs) and the rest of the file are kept. Returns the new file text."""
-    with _lock:
-        doc = _load(path)
+
+    def change(doc):
         alerts = _table(doc, "alerts")
-        rule_list = tomlkit.array()
-        rule_list.extend(rules)
-        alerts["rules"] = rule_list
+        alerts["rules"] = _array(rules)
         alerts["fallback_rate"] = fallback_rate
         alerts["queue_lag"] = queue_lag
-        hooks = tomlkit.aot()
-        for hook in webhooks:
-            entry = tomlkit.table()
-            entry["url"] = hook["url"]
-            entry["format"] = hook["format"]
-            hooks.append(entry)
+        alerts.pop("webhooks", None)
         if webhooks:
+            hooks = tomlkit.aot()
+            for hook in webhooks:
+                entry = tomlkit.table()
+                entry["url"] = hook["url"]
+                entry["format"] = hook["format"]
+                hooks.append(entry)
             alerts["webhooks"] = hooks
-        elif "webhooks" in alerts:
-            del alerts["webhooks"]
-        text = tomlkit.dumps(doc)
-        atomic_write(path, text)
-        return text
+
+    return _rewrite(path, change)
+
+
+def _array(values: list[str]):
+    array = tomlkit.array()
+    array.extend(values)
+    return array
