@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import signal
 
-from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
+from . import sandbox_userns
+from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, empty_bounding_set, unshare
 from .sandbox_libc import (
     CLONE_NEWNET,
-    CLONE_NEWUSER,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     SetupError,
@@ -36,11 +36,15 @@ from .sandbox_tree import (
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
     """What `pre_enter` prepares ahead of a call: the same for every call of one service (and one kind of filesystem
-    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces).
+    A service that is not root with subordinate ids (`mapped`) has its kept user namespace made here, in the zygote or
+    spawner, so that the spares it forks or spawns inherit it."""
     if not spec.isolate:
         return None
+    if spec.mapped:
+        sandbox_userns.kept(spec.mapped, spec.uid, spec.gid)
     return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
-            tuple(spec.conceal), spec.tmp_mb)
+            tuple(spec.conceal), spec.tmp_mb, spec.mapped)
 
 
 def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
@@ -55,16 +59,14 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
     code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape
     lib = libc()
     if lib is None:
         raise SetupError("no libc")
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(137)
-    _check(lib.unshare(NAMESPACES | (CLONE_NEWUSER if user_ns else 0)), "unshare")
-    if user_ns:
-        _map_ids(uid, gid)
+    unshare(lib, NAMESPACES, user_ns, mapped, uid, gid)
     view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb)
     status_r, status_w = os.pipe()
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
