@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -161,13 +160,9 @@ def _home_of(data_dir: Path) -> Path | None:
 
 
 def _discard(path: Path) -> None:
-    """Remove `path` whatever it is (a link is removed, never followed: the plugin's hooks may have put one there)."""
-    try:
-        shutil.rmtree(path)  # (refuses a link: OSError)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        path.unlink(missing_ok=True)
+    """Remove `path` whatever it is (a link is removed, never followed: the plugin's hooks may have put one there),
+    with what the build wrote there as the plugin's identity."""
+    sandboxed_command.discard(path)
 
 
 def _tail(parts: list[str]) -> str:
