@@ -174,10 +174,11 @@ def kept_userns_fds() -> tuple:
     return sandbox_userns.kept_fds()
 
 
-def as_owner(fn, *args) -> None:
-    """Run `fn(*args)` as root of the kept user namespace (a service that is not root, "subids"): it may chown the
-    service's files and its hooks' to their identities. Raises OSError."""
-    sandbox_userns.as_owner(mapped_ids(), os.getuid(), os.getgid(), fn, *args)
+def as_owner(fn, *args):
+    """`fn(*args)` run as root of the kept user namespace (a service that is not root, "subids"), in a child: it may
+    chown the service's files and its hooks' to their identities, and read or remove what they wrote. Returns what
+    `fn` returned (JSON-serialisable); raises OSError."""
+    return sandbox_userns.as_owner(mapped_ids(), os.getuid(), os.getgid(), fn, *args)
 
 
 def degraded_reasons() -> list:

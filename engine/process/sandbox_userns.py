@@ -13,6 +13,7 @@ engine/process/sandbox.py (the zygote and the spawner load it outside the engine
 
 from __future__ import annotations
 
+import json
 import os
 
 from .sandbox_libc import CLONE_NEWUSER, SetupError, _check, libc
@@ -53,9 +54,10 @@ def service_ranges(uid: int, gid: int) -> tuple[tuple | None, str | None]:
             missing.append(path)
         ranges.append(found)
     if missing:
-        return None, (f"the service is not root and its user {name} has no range in {' and '.join(missing)} (add `{name}:<start>:<count>` to /etc/subuid "
-                      f"and /etc/subgid, a range no other user has, e.g. `usermod --add-subuids "
-                      f"1800000000-1800065535 --add-subgids 1800000000-1800065535 {name}` as root)")
+        return None, (f"the service is not root and its user {name} has no range in {' and '.join(missing)} "
+                      f"(add `{name}:<start>:<count>` to /etc/subuid and /etc/subgid, a range no other user has, "
+                      f"e.g. `usermod --add-subuids 1800000000-1800065535 --add-subgids 1800000000-1800065535 "
+                      f"{name}` as root)")
     for (start, count), own, path in ((ranges[0], uid, SUBUID), (ranges[1], gid, SUBGID)):
         if start <= own < start + count or start == 0:
             return None, (f"the service is not root and the range of its user {name} in {path} ({start}:{count}) holds "
@@ -104,34 +106,37 @@ def enter(lib, ranges, uid: int, gid: int) -> None:
     os.close(fd)
 
 
-def as_owner(ranges, uid: int, gid: int, fn, *args) -> None:
-    """Run `fn(*args)` in a child that is root of the kept user namespace: it may chown and read or write any file of
-    the service's user and of the range (but no other). Raises OSError with what went wrong there."""
+def as_owner(ranges, uid: int, gid: int, fn, *args):
+    """`fn(*args)` run in a child that is root of the kept user namespace: it may chown and read or write any file of
+    the service's user and of the range (but no other). Returns what it returned (JSON-serialisable); raises OSError
+    with what went wrong there."""
     fd = kept(ranges, uid, gid)
     lib = libc()
-    err_r, err_w = os.pipe()
+    out_r, out_w = os.pipe()
     pid = _fork()
     if pid == 0:
         code = 0
         try:
-            os.close(err_r)
+            os.close(out_r)
             _check(lib.setns(fd, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
-            fn(*args)
+            said = b"R" + json.dumps(fn(*args)).encode()
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            code, said = 1, f"E{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:4096]
+        try:
+            while said:
+                said = said[os.write(out_w, said):]
+        except OSError:
             code = 1
-            try:
-                os.write(err_w, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:4096])
-            except OSError:
-                pass
         os._exit(code)
-    os.close(err_w)
+    os.close(out_w)
     try:
-        message = _read_all(err_r)
+        said = _read_all(out_r)
     finally:
-        os.close(err_r)
+        os.close(out_r)
     status = _wait_for(pid)
-    if status != 0:
-        raise OSError(message.decode("utf-8", "replace") or f"exit status {status}")
+    if status != 0 or not said.startswith(b"R"):
+        raise OSError(said[1:].decode("utf-8", "replace") or f"exit status {status}")
+    return json.loads(said[1:])
 
 
 def _make(ranges: tuple, uid: int, gid: int) -> int:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 from engine.filecache import real_path
 from engine.home import Home
-from engine.process import hook_dirs, hook_view, identity, sandbox
+from engine.process import hook_dirs, hook_view, identity, plugin_files, sandbox
 from engine.process.runner import (
     DEFAULT_MAX_DISK_MB,
     DEFAULT_MAX_MEMORY_MB,
@@ -41,10 +40,13 @@ def run(command: Command, timeout: float) -> tuple[bool, str]:
     ids = identity.plugin_ids(command.home_dir, command.plugin)
     try:
         if ids is not None:
-            as_owner = _as_owner()
+            as_owner = plugin_files.privileged()
             hook_dirs.make_readable(command.cwd, None, ids[1], as_owner)
             for path in command.writable:
-                (as_owner or _call)(hook_dirs.hand_over, path, ids)
+                if as_owner is None:
+                    hook_dirs.hand_over(path, ids)
+                else:
+                    as_owner(hook_dirs.hand_over, path, ids)
     except OSError as exc:
         return False, f"cannot prepare the plugin's directories for its identity: {exc}"
     spec = _spec(command, ids)
@@ -74,34 +76,6 @@ def run(command: Command, timeout: float) -> tuple[bool, str]:
     return True, text
 
 
-def discard(path: Path) -> None:
-    """Remove `path` whatever it is, following no link (the plugin's hooks may have put one there), with what the
-    plugin's identity wrote in it: a service that is not root removes that as root of its user namespace."""
-    as_owner = _as_owner()
-    try:
-        if as_owner is not None and path.is_dir() and not path.is_symlink():
-            as_owner(shutil.rmtree, path)
-        else:
-            shutil.rmtree(path)  # (refuses a link: OSError)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        if path.is_symlink() or not path.is_dir():
-            path.unlink(missing_ok=True)
-        else:
-            raise
-
-
-def _as_owner():
-    """What runs a function with the privilege over the plugins' identities where the service is not root (their
-    files are not its own), or None where the service needs none (root, or no identities of their own)."""
-    return sandbox.as_owner if sandbox.mode() == "subids" else None
-
-
-def _call(fn, *args) -> None:
-    fn(*args)
-
-
 def _spec(command: Command, ids: tuple[int, int] | None) -> sandbox.SandboxSpec:
     mode = sandbox.mode()
     isolate = mode is not None
@@ -112,7 +86,8 @@ def _spec(command: Command, ids: tuple[int, int] | None) -> sandbox.SandboxSpec:
             *(hook_view.bound_back(command.argv[0], covers, command.network) if isolate else ()))
     return sandbox.SandboxSpec(
         cwd=str(command.cwd), env=command.env, rlimits=(("RLIMIT_FSIZE", disk, disk),), isolate=isolate,
-        user_ns=mode in ("userns", "subids"), mapped=sandbox.mapped_ids() if isolate else (), new_net=not command.network and sandbox.network_isolation_available(),
+        user_ns=mode in ("userns", "subids"), mapped=sandbox.mapped_ids() if isolate else (),
+        new_net=not command.network and sandbox.network_isolation_available(),
         hide=home if home != "/" else None, keep=keep, writable=tuple(map(str, command.writable)),
         cgroup_limits=((DEFAULT_MAX_MEMORY_MB * 1024 * 1024, DEFAULT_MAX_PROCESSES + 2)
                        if sandbox.cgroups.available() and isolate else ()),

@@ -196,12 +196,21 @@ for n in range(2):
     out.append(a.result.reply if a.ok else f"{a.result.failure} {a.result.stderr}")
 warmstart.shutdown()
 state = home.data_dir("keeper") / "agents" / "a1" / "state.json"
-print(json.dumps({"calls": out, "state": state.read_text(), "state_path": str(state)}))
+seen = {"calls": out, "state": state.read_text(), "state_path": str(state)}
+# what the hook kept to itself, listed and wiped by the service (engine/process/plugin_files.py)
+from engine.process import plugin_files
+seen["listing"] = plugin_files.listing(home.data_dir("keeper"), frozenset(), 50)
+seen["wiped"] = plugin_files.wipe(home.data_dir("keeper"), frozenset())
+seen["left"] = sorted(os.listdir(home.data_dir("keeper")))
+print(json.dumps(seen))
 """
 
 STATEFUL = """
 import json, os, sys
 sys.stdin.read()
+hidden = os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "hidden")
+os.makedirs(hidden, mode=0o700, exist_ok=True)  # a directory the hook keeps to itself
+open(os.path.join(hidden, "notes.txt"), "w").write("12345")
 config = json.load(open(os.environ["LIBREFANG_PLUGIN_CONFIG"]))
 path = os.environ["LIBREFANG_STATE_FILE"]
 state = json.load(open(path))
@@ -213,7 +222,7 @@ print(json.dumps({"type": "ingest_result", "memories": [{"content": json.dumps([
 """
 
 
-def test_the_services_files_in_a_shared_data_directory_reach_the_hook_and_stay_the_services(top):
+def test_the_services_files_in_a_shared_data_directory_reach_the_hook_and_what_the_hook_hides_is_still_wiped(top):
     seen = as_service(top, ENGINE, textwrap.dedent(STATEFUL))
     first, second = seen["calls"]
     assert isinstance(first, dict) and isinstance(second, dict), seen
@@ -225,6 +234,10 @@ def test_the_services_files_in_a_shared_data_directory_reach_the_hook_and_stay_t
     top_dir = os.stat(data)
     assert top_dir.st_uid == USER and top_dir.st_mode & 0o7777 == 0o2770 and top_dir.st_gid != USER
     assert GIDS[0] <= top_dir.st_gid < GIDS[0] + GIDS[1]
+    # what the hook kept to itself (a 0700 directory of its identity's) is still listed and wiped, not passed over
+    assert "hidden/notes.txt" in [f["path"] for f in seen["listing"]["files"]], seen["listing"]
+    assert seen["listing"]["agents_with_state"] == ["a1"]
+    assert seen["wiped"]["files_removed"] == seen["listing"]["file_count"] and seen["left"] == [], seen
 
 
 # install-deps as the service's user: a package built by an in-tree backend (nothing fetched) that says who built it;
