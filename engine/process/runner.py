@@ -216,12 +216,13 @@ def _prepare_dirs(call: HookCall, script: Path, ids: tuple[int, int] | None) -> 
     """The hook's directories made ready for its identity (engine/process/hook_dirs.py); what went wrong, or None.
     A service that is not root shares its data directory with the identity's group instead of handing it over."""
     as_owner = sandbox.as_owner if ids is not None and sandbox.mode() == "subids" else None
+    private_tmp = not call.allow_filesystem
     if call.data_dir is not None:
         try:
             if as_owner is not None:
-                hook_dirs.prepare_shared_data_dir(call.data_dir, ids[1], as_owner, private_tmp=not call.allow_filesystem)
+                hook_dirs.prepare_shared_data_dir(call.data_dir, ids[1], as_owner, private_tmp=private_tmp)
             else:
-                hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=not call.allow_filesystem)
+                hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=private_tmp)
         except OSError as exc:
             return f"cannot prepare the plugin's data directory {call.data_dir}: {exc}"
     if ids is not None:

@@ -48,7 +48,7 @@ class SandboxSpec:
     rlimits: tuple = ()  # ((name, soft, hard), ...) with name an attribute of `resource`, e.g. "RLIMIT_AS"
     isolate: bool = False  # own PID + mount namespace, fresh /proc, home hidden, no capabilities
     user_ns: bool = False  # create a user namespace first (the service is not root)
-    mapped: tuple = ()  # ... inside the service's kept one, its subordinate ids mapped (engine/process/sandbox_userns.py)
+    mapped: tuple = ()  # ... or join the kept one of its subordinate ids (engine/process/sandbox_userns.py)
     new_net: bool = False  # empty network namespace (allow_network = false)
     hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
     keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir, launcher), read-only ...
