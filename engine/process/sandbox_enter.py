@@ -58,7 +58,7 @@ class SandboxSpec:
     cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
     gid: int = 0
-    hook_uid: int = -1  # the unprivileged host identity the hook drops to (a root service); -1: none
+    hook_uid: int = -1  # the unprivileged host identity the hook drops to (engine/process/identity.py); -1: none
     hook_gid: int = -1
     conceal: tuple = ()  # directories and files covered (engine/process/sandbox_mounts.py), beyond the home
     tmp_mb: int = 0  # size of the private /tmp and /dev/shm (0: none)
