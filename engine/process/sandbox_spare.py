@@ -14,6 +14,7 @@ from . import sandbox_userns
 from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, empty_bounding_set, unshare
 from .sandbox_libc import (
     CLONE_NEWNET,
+    CLONE_NEWUSER,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     SetupError,
@@ -111,14 +112,18 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     return call, fds
 
 
-def make_netns() -> int | None:
+def make_netns(shape: tuple | None = None) -> int | None:
     """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
     and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
     kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
-    sockets, for one, are per network namespace); a hook has no capability left to change it."""
+    sockets, for one, are per network namespace); a hook has no capability left to change it. A service that is
+    not root makes it in its kept user namespace (`shape`'s, engine/process/sandbox_userns.py), where its hooks'
+    spares may enter it."""
     lib = libc()
     if lib is None:
         return None
+    mapped = shape[7] if shape is not None and shape[0] else ()
+    userns = sandbox_userns.kept(mapped, shape[1], shape[2]) if mapped else None
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = _fork()
@@ -126,7 +131,8 @@ def make_netns() -> int | None:
         try:
             os.close(ready_r)
             os.close(hold_w)
-            os.write(ready_w, b"1" if lib.unshare(CLONE_NEWNET) == 0 else b"0")
+            joined = userns is None or lib.setns(userns, CLONE_NEWUSER) == 0
+            os.write(ready_w, b"1" if joined and lib.unshare(CLONE_NEWNET) == 0 else b"0")
             os.read(hold_r, 1)  # until the parent has opened it (or died)
         finally:
             os._exit(0)

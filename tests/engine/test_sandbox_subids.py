@@ -45,9 +45,10 @@ PATHS = {
     "worker": {"LIBREFANG_WARM_START": "0", "LIBREFANG_SPAWNER": "0"},
 }
 
-# Runs as the service's user: the hooks of two plugins, twice each (the first call of a helper takes a plain spare,
-# the next one a spare that entered its namespaces ahead), with data directories outside $LIBREFANG_HOME where the
-# other plugin's hook could see them (read-only) if its identity let it.
+# Runs as the service's user: the hooks of two plugins, four times each (the first call of a helper takes a plain
+# spare, the next ones a spare that entered its namespaces ahead, and from the plugin's second such call on, its kept
+# network namespace), with data directories outside $LIBREFANG_HOME where the other plugin's hook could see them (read-only)
+# if its identity let it.
 CALLS = """
 import json, os, sys
 from pathlib import Path
@@ -59,14 +60,14 @@ home, top = Path(os.environ["LIBREFANG_HOME"]), Path(sys.argv[1])
 (home / "api_token").write_text("TOP-SECRET")
 (top / "secret").write_text("SERVICE-SECRET")  # the service user's own file, where hooks see the host
 out = {"mode": sandbox.mode(), "reasons": sandbox.degraded_reasons(), "calls": []}
-for name, other in (("alpha", "beta"), ("beta", "alpha"), ("alpha", "beta"), ("beta", "alpha")):
+for name, other in (("alpha", "beta"), ("beta", "alpha")) * 4:
     pdir = home / "plugins" / name
     (pdir / "hooks").mkdir(parents=True, exist_ok=True)
     (pdir / "hooks" / "hook.py").write_text(sys.argv[2])
     r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), timeout_secs=30,
                           request={"other": str(top / "data" / other), "secret": str(top / "secret"),
                                    "token": str(home / "api_token")},
-                          data_dir=top / "data" / name, home_dir=home))
+                          data_dir=top / "data" / name, home_dir=home, allow_network=False))
     out["calls"].append({"plugin": name, "ok": r.ok, "reply": r.reply,
                          "error": None if r.ok else f"{r.failure} {r.stderr[-2000:]}"})
 warmstart.shutdown()
@@ -74,13 +75,20 @@ print(json.dumps(out))
 """
 
 HOOK = """
-import json, os, sys
+import json, os, socket, sys
 req = json.loads(sys.stdin.read())
+def netns():  # its cookie (never reused, Linux >= 5.14), else its inode
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            return s.getsockopt(socket.SOL_SOCKET, 71, 8).hex()  # SO_NETNS_COOKIE
+    except OSError:
+        return os.readlink("/proc/self/ns/net")
 data = os.environ["LIBREFANG_PLUGIN_DATA_DIR"]
 with open(os.path.join(data, "mine.txt"), "w") as fh:
     fh.write("mine")
 out = {"ids": [os.getresuid(), os.getresgid(), os.getgroups()], "data": data,
        "init": open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode(errors="replace"),
+       "net": netns(), "ifaces": open("/proc/net/dev").read().count(":"),
        "status": [line for line in open("/proc/self/status").read().splitlines()
                   if line.startswith(("CapEff", "CapPrm", "NoNewPrivs", "Seccomp:"))]}
 for key, action in (("other_list", lambda: os.listdir(req["other"])),
@@ -161,6 +169,13 @@ def test_each_plugins_hooks_run_as_an_identity_of_its_own_from_the_services_rang
         # the service user's files are not its to read: the one in sight by permission, the token concealed
         assert hook["secret"] == "Permission denied" and hook["token"] == "No such file or directory", hook
     assert identities["alpha"] != identities["beta"]
+    # no network (an empty namespace, loopback only), never the service's; the plugin's own kept one on the
+    # helpers' prepared spares (made after its first such call), never another plugin's
+    assert all(c["reply"]["ifaces"] == 1 for c in seen["calls"])
+    if path != "worker":
+        nets = {name: [c["reply"]["net"] for c in seen["calls"] if c["plugin"] == name] for name in identities}
+        assert nets["alpha"][2] == nets["alpha"][3] and nets["beta"][2] == nets["beta"][3], nets
+        assert nets["alpha"][3] != nets["beta"][3], nets
     # the other plugin's data directory (in sight, read-only) is not its to read (its first call saw it missing)
     later = [c["reply"] for c in seen["calls"][1:]]
     assert all(h["other_list"] == "Permission denied" and h["other_file"] == "Permission denied" for h in later), later
