@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -131,21 +132,22 @@ def _not_root_round(script: Path, calls: int, ranges: bool) -> subprocess.Comple
              "subuid": f"{NOT_ROOT_NAME}:1730000000:65536\n" if ranges else "",
              "subgid": f"{NOT_ROOT_NAME}:1730000000:65536\n" if ranges else ""}
     etc = Path(tempfile.mkdtemp(prefix="lf-bench-etc-"))
+    tmp = Path(tempfile.mkdtemp(prefix="lf-bench-tmp-"))  # the round's, removed here (its hooks' files are not its)
     try:
+        os.chown(tmp, NOT_ROOT_UID, NOT_ROOT_UID)
         os.chmod(etc, 0o755)
         for name, text in files.items():
             (etc / name).write_text(text)
             os.chmod(etc / name, 0o644)
         binds = " && ".join(f"mount --bind {etc / name} /etc/{name}" for name in files)
         inner = f'{binds} && exec setpriv --reuid={NOT_ROOT_UID} --regid={NOT_ROOT_UID} --clear-groups "$@"'
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": f"{HERE}:{site}"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": str(tmp), "PYTHONPATH": f"{HERE}:{site}"}
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh", python,
                                str(script), "--round", str(calls)], capture_output=True, text=True, check=True,
                               cwd="/tmp", env=env)
     finally:
-        for name in files:
-            (etc / name).unlink(missing_ok=True)
-        etc.rmdir()
+        shutil.rmtree(etc, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:
