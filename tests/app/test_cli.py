@@ -129,7 +129,7 @@ def test_it_starts_a_private_redis_with_aof_and_a_password_kept_out_of_argv(tmp_
 
     import redis
 
-    from librefang_site.cli import ensure_redis
+    from librefang_site.private_redis import ensure_redis
     from tests.e2e.live import free_port
 
     home = tmp_path / "home"
@@ -162,7 +162,7 @@ def test_it_starts_a_private_redis_with_aof_and_a_password_kept_out_of_argv(tmp_
 
 
 def test_it_uses_a_redis_that_answers_as_it_is(tmp_path):
-    from librefang_site.cli import ensure_redis
+    from librefang_site.private_redis import ensure_redis
 
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     assert ensure_redis(url, tmp_path) == (url, None)
