@@ -1,7 +1,8 @@
 """The `librefang` command: `start` runs the whole service; everything else maps to a management command.
 
   librefang start                 migrate, first-run setup, Redis check, then supervise daphne +
-                                  LIBREFANG_WORKERS workers (a child that exits is restarted with backoff)
+                                  LIBREFANG_WORKERS workers (a child that exits is restarted with backoff, one
+                                  that fails 6 starts in a row is given up: librefang_site/supervisor.py)
   librefang web                   daphne alone (for systemd or containers; see deploy/)
   librefang worker [--home DIR]   one hook worker; --home sets $LIBREFANG_HOME (a worker host needs no plugins
                                   there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name);
@@ -133,7 +134,7 @@ def start() -> int:
     import django
 
     from librefang_site import private_redis
-    from librefang_site.supervisor import Slot, Supervisor
+    from librefang_site.supervisor import Child, Supervisor
 
     home = _home()
     home.mkdir(parents=True, exist_ok=True)
@@ -153,11 +154,11 @@ def start() -> int:
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
         worker_argv = [sys.executable, "-m", "librefang_site.cli", "worker"]
-        slots = [Slot("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
-        slots += [Slot("worker", i + 1, worker_argv) for i in range(workers)]
+        children = [Child("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
+        children += [Child("worker", i + 1, worker_argv) for i in range(workers)]
         print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n",
               flush=True)
-        return Supervisor(slots, env=env, home=home, listener=listener).run()
+        return Supervisor(children, env=env, home=home, listener=listener).run()
     finally:
         if redis_proc is not None:
             private_redis.stop(redis_proc)
