@@ -349,7 +349,7 @@ class Supervisor:
     def status(self, now: float) -> dict:
         wall = self.clock.wall
         return {"pid": os.getpid(), "host": socket.gethostname(), "started_at": wall(self.began),
-                "updated_at": wall(now), "stopping": self.stopping,
+                "updated_at": wall(now), "stopping": self.stopping, "start_again_signal": START_AGAIN_SIGNAL.name,
                 "children": [self._child_status(child) for child in self.children]}
 
     def _child_status(self, child: Child) -> dict:

@@ -3,6 +3,7 @@
 The status file `$LIBREFANG_HOME/run/supervisor.json`:
 
     {"pid": 1234, "host": "box1", "started_at": 1795426128.46, "updated_at": 1795426143.08, "stopping": false,
+     "start_again_signal": "SIGUSR1",
      "children": [{"slot": "worker 1", "role": "worker", "index": 1, "pid": 1240 | null,
                    "state": "starting" | "running" | "backoff" | "fatal" | "stopping" | "stopped",
                    "started_at": …, "restarts": 2, "failed_starts": 0,
@@ -11,7 +12,8 @@ The status file `$LIBREFANG_HOME/run/supervisor.json`:
                    "last_exit_at": … | null, "next_restart_at": … | null}, …]}
 
 Times are Unix seconds. `failed_starts` counts exits within 10 s of their start, in a row; at 6 the child is given
-up (`fatal`) until SIGUSR1 starts it again. The supervisor rewrites the file on every change and at least every 2 s.
+up (`fatal`) until the supervisor gets `start_again_signal` (plugins_app/services/supervisor.py sends it). The
+supervisor rewrites the file on every change and at least every 2 s.
 """
 
 from __future__ import annotations
