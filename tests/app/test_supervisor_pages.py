@@ -50,6 +50,7 @@ def test_it_says_on_the_workers_page_what_was_given_up_and_offers_admins_to_star
     assert "data-given-up" in html and f"<strong>worker 1</strong> {GIVEN_UP}" in html
     assert 'data-child="worker 1" data-state="fatal"' in html and ">given up</span>" in html
     assert "data-start-again" in html and f"kill -USR1 {os.getpid()}" in html
+    assert "The supervisor gave it up (above)." in html and "Start one with" not in html
 
 
 def test_it_offers_viewers_no_button_and_refuses_their_post(client, given_up_status):
@@ -87,6 +88,7 @@ def test_it_makes_the_engine_page_and_health_say_so(client, given_up_status):
     login(client, staff=False)
     html = client.get("/engine/health/").content.decode()
     assert "data-given-up" in html and f"worker 1 {GIVEN_UP}" in html and "badge bad" in html
+    assert "The supervisor gave it up (below)." in html
     resp = client.get("/api/health")
     body = resp.json()
     assert resp.status_code == 503 and body["status"] == "degraded"

@@ -84,8 +84,12 @@ class Supervised:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        except urllib.error.HTTPError as exc:  # the body of a refusal, or of a 503 health report
+            text = exc.read().decode()
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text
 
     def worker_pid(self) -> int | None:
         status = supervisor_status(self.home)
