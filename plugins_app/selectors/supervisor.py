@@ -76,4 +76,3 @@ def worker_problems(doc: dict | None) -> list[str]:
 def given_up(doc: dict | None) -> list[dict]:
     """The children the supervisor has given up (for the dashboard)."""
     return [child for child in (doc or {}).get("children") or [] if child.get("state") == "fatal"]
-

@@ -15,7 +15,7 @@ from engine.errors import ServiceError
 from plugins_app.selectors.supervisor import given_up, supervisor_status
 from plugins_app.services import audit
 
-START_AGAIN_SIGNALS = frozenset({"SIGUSR1", "SIGUSR2"})  # never a signal that stops a process
+START_AGAIN_SIGNALS = frozenset({"SIGUSR1", "SIGUSR2"})  # a status file naming SIGTERM or SIGKILL is not obeyed
 
 
 def start_given_up_again(actor: str) -> list[str]:
