@@ -84,8 +84,12 @@ class Supervised:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        except urllib.error.HTTPError as exc:  # the body of a refusal, or of a 503 health report
+            text = exc.read().decode()
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text
 
     def worker_pid(self) -> int | None:
         status = supervisor_status(self.home)
@@ -262,7 +266,9 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert worker["restarts"] >= 2 and exit_ == {"code": None, "signal": "SIGKILL"}
         assert web["restarts"] == 0  # the web tier never went down
         log = service.log.read_text()
-        assert f"worker 1 (pid {pid}) exited with SIGKILL; restarting in 1 s (restart #2)" in log
+        line = next(line for line in log.splitlines() if f"worker 1 (pid {pid}) exited with " in line)
+        assert " ERROR librefang.supervisor: " in line and " exited with SIGKILL (possibly out of memory) after " in line
+        assert line.endswith("; restarting in 1 s (restart #2)"), line
         assert traffic.cut == 0
 
         # daphne itself dies: the supervisor restarts it on the listening socket it holds, so agents wait
@@ -288,7 +294,7 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert took <= 25
         log = service.log.read_text()
         stops = [line for line in log.splitlines() if ") stopped with " in line]
-        assert [line.split("librefang: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
+        assert [line.split("librefang.supervisor: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
         wait_for(lambda: not service.leftovers(), 5, "no process left behind")
         with pytest.raises(ProcessLookupError):
             os.killpg(service.proc.pid, 0)
