@@ -176,6 +176,11 @@ def later(model: ScriptedModel) -> dict:
     for i in range(15):  # about 18,000 tokens: past 10 % of the 128k window (librefang.json's threshold_percent)
         history += [{"role": "user", "content": f"Tell me about topic {i}. " + "filler words " * 170},
                     {"role": "assistant", "content": f"Topic {i} is interesting. " + "more filler " * 170}]
+    history += [{"role": "user", "content": "Look up topic 14"},  # a tool call among the messages the service keeps
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "call_t14", "type": "function", "function": {
+                    "name": "librefang_recall", "arguments": '{"query": "topic 14"}'}}]},
+                {"role": "tool", "tool_call_id": "call_t14", "content": '{"results": []}'},
+                {"role": "assistant", "content": "Nothing more on topic 14."}]
     agent = new_agent(model, "wednesday")
     out["compressed"] = turn(model, agent, "And what about topic 15?", history)
     out["compression_count"] = agent.context_compressor.compression_count

@@ -108,9 +108,15 @@ def test_hermes_remembers_a_session_recalls_it_in_the_next_and_compresses_throug
     assert compressed[0]["role"] == "system"
     assert compressed[1]["role"] == "user" and compressed[1]["content"].startswith("[Context compaction summary]")
     assert "user: Tell me about topic 0 | assistant: Topic 0 is interesting" in compressed[1]["content"]
-    kept = [m["content"].split(".")[0] for m in compressed[2:-1]]  # the service's last 10, exactly as sent
-    assert kept == ["Topic 10 is interesting"] + [s for i in range(11, 15)
-                                                 for s in (f"Tell me about topic {i}", f"Topic {i} is interesting")]
+    kept = compressed[2:-1]  # the service's last 10 (the new message is the 10th), as Hermes held them
+    assert [m["content"].split(".")[0] for m in kept[:6]] == [
+        "Topic 12 is interesting", "Tell me about topic 13", "Topic 13 is interesting", "Tell me about topic 14",
+        "Topic 14 is interesting", "Look up topic 14"]
+    (call,) = kept[6]["tool_calls"]  # Hermes re-serialises the arguments it sends: compared as JSON
+    assert (call["id"], call["function"]["name"]) == ("call_t14", "librefang_recall")
+    assert json.loads(call["function"]["arguments"]) == {"query": "topic 14"}
+    assert (kept[7]["role"], kept[7]["tool_call_id"], kept[8]["content"]) == ("tool", "call_t14",
+                                                                               "Nothing more on topic 14.")
     assert user_message(compressed).startswith("And what about topic 15?")
 
     # the service unreachable: the turn goes on without recall, and compress returns the history unchanged
