@@ -75,8 +75,13 @@ class LibreFangMemoryProvider(MemoryProvider):
     # ---- lifecycle ----
 
     def is_available(self) -> bool:
-        """A token is configured (no network call, as Hermes asks)."""
-        return self._client is not None or bool(config.load(**self._given).token)
+        """A token is configured (no network call, as Hermes asks). Hermes skips an unavailable provider with a
+        debug line only, so the missing token is said here."""
+        if self._client is not None or config.load(**self._given).token:
+            return True
+        log.warning("the LibreFang memory provider is off: no token (set LIBREFANG_TOKEN in the environment or "
+                    "$HERMES_HOME/.env)")
+        return False
 
     def initialize(self, session_id: str, **kwargs: Any) -> None:
         self._settings = config.load(kwargs.get("hermes_home"), **self._given)
