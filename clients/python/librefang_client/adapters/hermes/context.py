@@ -44,7 +44,6 @@ class LibreFangContextEngine(ContextEngine):
         self.agent_id = self._settings.agent_id
         self.threshold_percent = self._settings.threshold_percent
         self.model = ""
-        self.session_id = ""
 
     @property
     def name(self) -> str:
@@ -66,9 +65,6 @@ class LibreFangContextEngine(ContextEngine):
                      provider: str = "", api_mode: str = "") -> None:
         self.model = model
         super().update_model(model, context_length, base_url, api_key, provider, api_mode)
-
-    def on_session_start(self, session_id: str, **kwargs: Any) -> None:
-        self.session_id = session_id
 
     def should_compress(self, prompt_tokens: int | None = None) -> bool:
         tokens = self.last_prompt_tokens if prompt_tokens is None else prompt_tokens
