@@ -25,6 +25,27 @@ TOUCH_EVERY_SECS = 60
 ROLE_RANK = {Role.AGENT: 0, Role.VIEWER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+def bearer_token(authorization: str | bytes | None) -> str:
+    """The token of an `Authorization: Bearer <token>` value; '' for none or another scheme. The one parser of the
+    API's routes, the hook calls answered before Django (plugins_app/api/hook_asgi.py), /mcp and the websockets."""
+    if not authorization:
+        return ""
+    if isinstance(authorization, bytes):
+        authorization = authorization.decode("latin-1")
+    scheme, _, raw = authorization.partition(" ")
+    return raw.strip() if scheme.lower() == "bearer" else ""
+
+
+def headers_bearer(headers: Iterable[tuple[bytes | str, bytes | str]] | dict) -> str:
+    """bearer_token() of a request's Authorization header, from ASGI headers (a list of byte pairs) or a mapping."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, value in items:
+        name = name.decode("latin-1") if isinstance(name, bytes) else name
+        if name.lower() == "authorization":
+            return bearer_token(value)
+    return ""
+
+
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 

@@ -9,18 +9,6 @@ from plugins_app.models import ApiToken, Role
 TOKEN_CACHE_SECS = token_cache.secs  # how long a revoked token may still open a session
 
 
-def bearer(headers: list[tuple[bytes, bytes]] | dict) -> str:
-    """The raw bearer token of a request's headers ('' when there is none)."""
-    items = headers.items() if isinstance(headers, dict) else headers
-    for name, value in items:
-        name = name.decode("latin-1") if isinstance(name, bytes) else name
-        if name.lower() == "authorization":
-            value = value.decode("latin-1") if isinstance(value, bytes) else value
-            scheme, _, raw = value.partition(" ")
-            return raw.strip() if scheme.lower() == "bearer" else ""
-    return ""
-
-
 async def resolve(raw: str) -> ApiToken | None:
     """The active token for `raw`, from the per-process cache the hook routes use too, or one query."""
     return await token_cache.lookup(raw)

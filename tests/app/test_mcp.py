@@ -11,6 +11,7 @@ import pytest
 
 from engine.wasm import tools as T
 from plugins_app import bus
+from plugins_app.auth import headers_bearer
 from plugins_app.mcp import resources, tokens
 from plugins_app.mcp import tools as mcp_tools
 from plugins_app.models import HookMetric, HookTrace, JobRecord
@@ -189,5 +190,5 @@ def test_it_resolves_a_token_and_its_role(home):
     found = async_to_sync(tokens.resolve)(raw)
     assert found is not None and found.role == "viewer"
     assert async_to_sync(tokens.resolve)("lf_unknown") is None and async_to_sync(tokens.resolve)("") is None
-    assert tokens.bearer([(b"authorization", f"Bearer {raw}".encode())]) == raw
-    assert tokens.bearer({"Authorization": "Basic abc"}) == ""
+    assert headers_bearer([(b"authorization", f"Bearer {raw}".encode())]) == raw
+    assert headers_bearer({"Authorization": "Basic abc"}) == ""
