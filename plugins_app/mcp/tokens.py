@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from plugins_app.auth import role_may, token_cache
+from plugins_app.auth import required_role, role_may, token_cache
 from plugins_app.models import ApiToken, Role
 
 TOKEN_CACHE_SECS = token_cache.secs  # how long a revoked token may still open a session
@@ -23,8 +23,7 @@ def may_read(role: str) -> bool:
 
 
 def may_run_tools(role: str) -> bool:
-    # as POST /api/tools/{id}/execute (plugins_app/api/tools.py RUN): module code runs for agents and the owner
-    return role in (Role.AGENT, Role.OWNER)
+    return role_may(role, required_role("tools_execute"))  # as POST /api/tools/{id}/execute
 
 
 def may_connect(role: str) -> bool:
