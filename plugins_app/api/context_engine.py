@@ -6,6 +6,7 @@ from ninja import Path, Query, Schema
 from pydantic import Field
 
 from engine import hook_requests
+from engine.errors import validation_details
 from engine.hook_replies import HOOK_REPLY_MODELS
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.contract import body_of
@@ -46,7 +47,7 @@ def validated(hook: str, data: dict) -> hook_requests.AgentRequest:
     try:
         return hook_requests.accept(hook, data)
     except hook_requests.ValidationError as exc:
-        raise ApiError(400, "validation_error", f"invalid {hook} request", hook_requests.error_details(exc)) from exc
+        raise ApiError(400, "validation_error", f"invalid {hook} request", validation_details(exc.errors())) from exc
 
 
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending the call again",

@@ -101,6 +101,20 @@ async def test_it_refuses_arguments_the_rest_route_would_refuse(home, agent_toke
         {"loc": ["messages"], "msg": "Field required", "type": "missing"}]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_details_a_refused_memory_exactly_as_rest_does(home, client):
+    from asgiref.sync import async_to_sync
+
+    token, raw = create_token("both-ways", "agent")
+    bad = {"agent_id": "a", "content": "", "tags": "not-a-list", "expires_at": "soon"}
+    with pytest.raises(mcp_tools.McpToolError) as refused:
+        async_to_sync(call)("memory_add", bad, token)
+    rest = client.post("/api/memories", data=bad, content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {raw}").json()["error"]
+    assert rest["code"] == refused.value.body["error"]["code"] == "validation_error"
+    assert len(rest["details"]) >= 2 and rest["details"] == refused.value.body["error"]["details"]
+
+
 async def test_it_refuses_recall_in_the_tools_own_terms(home, agent_token):
     # recall takes `query` (ingest's `message`): a missing query is named as such, as a structured detail
     with pytest.raises(mcp_tools.McpToolError) as refused:
