@@ -1,6 +1,6 @@
 from ninja import NinjaAPI, Swagger
 
-from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories, tokens
+from plugins_app.api import context_engine, context_engine_extra, health, memories, not_found, tokens
 from plugins_app.api import permissions as permissions_api
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
@@ -55,4 +55,4 @@ api.add_router("/plugins", permissions_api.router)
 api.add_router("/tools", tools_api.router)
 api.add_router("/memories", memories.router)
 api.add_router("/tokens", tokens.router)
-api.add_router("/", fallback.router)  # keep last: JSON 404 for unknown /api/ paths
+api.add_router("/", not_found.router)  # keep last: JSON 404 for unknown /api/ paths
