@@ -137,11 +137,11 @@ ANY_ROLE = "any_role"
 AGENT_OR_OWNER = "agent_or_owner"
 
 # What each action needs, for API tokens and dashboard users alike: every API route takes its role from here by its
-# action (plugins_app/api/security.py ActionRouter: the route's operation id, or its router's action), the
-# dashboard's permission checks (plugins_app/views/roles.py) and buttons (templatetags/role_tags.py) read it too;
-# dashboard-only actions have a key of their own. Changing plugin code, or letting it run, is the owner's: reload
-# re-reads the code from disk and enable lets it run again; admins may stop plugins and tools and change the engine
-# configuration; viewers read; agents call hooks and the memory API.
+# action (plugins_app/api/security.py ActionRouter: the route's operation id, or its router's action); the
+# dashboard's checks (plugins_app/views/roles.py) and buttons (plugins_app/templatetags/role_tags.py) read it too,
+# and dashboard-only actions have a key of their own. Changing plugin code, or letting it run, is the owner's:
+# reload re-reads the code from disk and enable lets it run again; admins may stop plugins and tools and change the
+# engine configuration; viewers read; agents call hooks and the memory API.
 ACTION_ROLES: dict[str, str] = {
     # agents' calls (plugins_app/api/context_engine.py, memories.py)
     "hooks_call": Role.AGENT,
