@@ -62,9 +62,10 @@ from plugins_app.schemas.parity import (
 )
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
+from plugins_app.selectors import plugin_config as plugin_config_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import registries as registry_selectors
-from plugins_app.selectors import state as state_selectors
+from plugins_app.selectors.plugin_data import plugin_state
 from plugins_app.services import audit, plugin_config
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
@@ -332,7 +333,7 @@ def update_check(request, name: str = PluginPath):
 def state(request, name: str = PluginPath):
     """The plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>): size, files, agents with a state file."""
     _installed_or_404(name)
-    return json_response(state_selectors.plugin_state(name))
+    return json_response(plugin_state(name))
 
 
 @router.delete("/{name}/state", response={200: StateWipeOut, **E}, operation_id="plugins_state_wipe")
@@ -345,7 +346,7 @@ def wipe_state(request, name: str = PluginPath):
 def env(request, name: str = PluginPath):
     """[env] of plugin.toml (values of keys naming a key, secret, password or token shown as ***) and env_schema."""
     _installed_or_404(name)
-    return json_response(state_selectors.plugin_env(name))
+    return json_response(plugin_config_selectors.plugin_env(name))
 
 
 @router.put("/{name}/env", response={200: PluginEnvOut, **E}, operation_id="plugins_env_set",
@@ -361,7 +362,7 @@ def set_env(request, name: str = PluginPath):
             operation_id="plugins_advanced_config")
 def advanced_config(request, name: str = PluginPath):
     _installed_or_404(name)
-    return json_response(state_selectors.advanced_config(name))
+    return json_response(plugin_config_selectors.advanced_config(name))
 
 
 @router.put("/{name}/advanced-config", response={200: AdvancedConfigOut, **E},
