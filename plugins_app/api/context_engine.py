@@ -90,8 +90,8 @@ for _hook in ALL_HOOKS:
     _make_hook_route(_hook)
 
 
-@hooks.post("/hooks/{hook}", response={404: ErrorEnvelope, 401: ErrorEnvelope},
-             operation_id="hook_unknown", include_in_schema=False)
+@hooks.post("/hooks/{hook}", response={404: ErrorEnvelope, 401: ErrorEnvelope}, operation_id="hook_unknown",
+            include_in_schema=False)
 def unknown_hook(request, hook: str):
     raise ApiError(404, "unknown_hook", f"unknown hook {hook!r}", {"hooks": list(ALL_HOOKS)})
 

@@ -99,10 +99,10 @@ def _signed(fields: dict[str, str], pins: tuple[dict[str, str], str] | None) -> 
 
 
 def _pins(kind: str):
-    from plugins_app.services.bundles import PinsUnavailable, job_pins
-
     if kind not in PINNED_KINDS:
         return None
+    from plugins_app.services.bundles import PinsUnavailable, job_pins
+
     try:
         return job_pins()
     except PinsUnavailable as exc:  # callers treat it like Redis down: the agent gets the default engine
@@ -110,10 +110,10 @@ def _pins(kind: str):
 
 
 async def _pins_async(kind: str):
-    from plugins_app.services.bundles import PinsUnavailable, job_pins_async
-
     if kind not in PINNED_KINDS:
         return None
+    from plugins_app.services.bundles import PinsUnavailable, job_pins_async
+
     try:
         return await job_pins_async()
     except PinsUnavailable as exc:
