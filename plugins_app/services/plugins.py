@@ -355,8 +355,8 @@ def update_check(name: str) -> dict:
 def wipe_state(name: str, actor: str) -> dict:
     """Empty the plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>: per-agent state files, bootstrap
     overrides, anything its hooks wrote there). The directory itself stays, and so do what the service keeps there
-    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/state.py SERVICE_OWNED)."""
-    from plugins_app.selectors.state import SERVICE_OWNED
+    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/plugin_data.py SERVICE_OWNED)."""
+    from plugins_app.selectors.plugin_data import SERVICE_OWNED
 
     require_installed(name)
     root = home().data_dir(name)
