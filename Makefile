@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench setup clean schemathesis lock
+.PHONY: run test lint bench setup clean schemathesis lock hermes-lock
 
 # Installs exactly the versions in requirements.lock (hash-checked), then the project itself without resolving again.
 # The agent client (clients/python) goes in too: its dependencies (httpx, pydantic) are already the project's.
@@ -51,7 +51,20 @@ $(UIDMAP_CHECK): $(STAMP)
 
 READY := $(STAMP) $(NATIVE_SPARE) $(SECCOMP_CHECK) $(UIDMAP_CHECK)
 
-setup: $(READY)
+# Hermes Agent pins exact versions of its dependencies that cannot sit beside requirements.lock, so the test of its
+# adapter (tests/e2e/test_client_hermes.py) drives it in a venv of its own: hermes-requirements.lock (hash-checked),
+# then the client without its dependencies (Hermes's own httpx and pydantic serve it).
+HERMES_VENV := .venv-hermes
+HERMES_LOCK := clients/python/hermes-requirements.lock
+HERMES_STAMP := $(HERMES_VENV)/.installed-stamp
+$(HERMES_STAMP): $(HERMES_LOCK) clients/python/pyproject.toml
+	test -x $(HERMES_VENV)/bin/python || $(PYTHON) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(HERMES_VENV)/bin/python -m pip install --quiet --require-hashes -r $(HERMES_LOCK)
+	$(HERMES_VENV)/bin/python -m pip install --quiet --no-deps -e clients/python
+	touch $(HERMES_STAMP)
+
+setup: $(READY) $(HERMES_STAMP)
 
 run: $(READY)
 	$(BIN)/librefang start
@@ -60,7 +73,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: $(READY)
+test: $(READY) $(HERMES_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run plugins_app >/dev/null
@@ -85,9 +98,15 @@ lock: $(STAMP)
 	$(BIN)/pip-compile --quiet --generate-hashes --extra dev --strip-extras --allow-unsafe --no-emit-index-url \
 		--no-emit-find-links $(LOCK_ARGS) -o requirements.lock pyproject.toml
 
+# Re-resolve clients/python/hermes-requirements.lock from the client's `hermes` extra (LOCK_ARGS as for `lock`).
+hermes-lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet pip-tools
+	$(BIN)/pip-compile --quiet --generate-hashes --extra hermes --strip-extras --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links $(LOCK_ARGS) -o $(HERMES_LOCK) clients/python/pyproject.toml
+
 bench: $(READY)
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/recall/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info $(NATIVE_SPARE)
+	rm -rf $(VENV) $(HERMES_VENV) .pytest_cache .ruff_cache *.egg-info $(NATIVE_SPARE)

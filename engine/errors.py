@@ -4,6 +4,7 @@ ApiError): a stable `code`, a readable `message`, the HTTP `status` to answer wi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -20,3 +21,9 @@ class ServiceError(Exception):
         if self.details is not None:
             body["details"] = self.details
         return body
+
+
+def validation_details(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The `details` of a `validation_error`, REST's and MCP's alike: each problem's `loc` (as strings), `msg` and
+    `type`, from pydantic's `ValidationError.errors()` (or django-ninja's, the same with the request part first)."""
+    return [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")} for e in errors]

@@ -23,7 +23,7 @@ from engine import dialects
 from engine import hooks as H
 
 __all__ = ["HOOK_REQUEST_MODELS", "AgentRequest", "Normalising", "ValidationError", "accept", "agent_ids", "check",
-           "error_details", "for_plugin", "normalise"]
+           "for_plugin", "normalise"]
 DEFAULT_AFTER_TURN_MAX_CHARS = 500
 
 
@@ -293,11 +293,6 @@ def agent_ids(hook: str, request: dict[str, Any]) -> list[str] | None:
         named = event.get("agent_id") if isinstance(event, dict) else None
         return [str(named)] if named is not None else None
     return [str(request.get("agent_id") or "")]
-
-
-def error_details(exc: ValidationError) -> list[dict[str, Any]]:
-    """The API envelope's `details` for a request that failed check()."""
-    return [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
 
 
 def _text(value: Any) -> str:

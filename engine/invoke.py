@@ -17,6 +17,7 @@ from typing import Any
 
 from engine import protocol as P
 from engine.home import Home
+from engine.hook_schemas import validate as validate_schema
 from engine.hooks import retry_delay_ms
 from engine.overrides import Overrides
 from engine.plugins.catalog import CatalogEntry
@@ -27,7 +28,6 @@ from engine.process import hook_dirs, identity
 from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
 from engine.process.runner import process_runtime
 from engine.protocol import Failure
-from engine.schemas import validate as validate_schema
 from engine.wasm.hooks import WASM
 
 # stderr lines go to these loggers as they arrive (LibreFang's `plugin_stderr` target; python hooks' own name).

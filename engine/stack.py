@@ -89,6 +89,13 @@ class EngineDeps:
     approvals: Approvals = field(default_factory=NoApprovals)
 
 
+def for_plugins(hook: str, request: dict[str, Any], cfg: ServiceConfig) -> dict[str, Any]:
+    """The request as the chain's plugins receive it, shaped by [context_engine] (engine/hook_requests.py)."""
+    ce = cfg.context_engine
+    return normalise(hook, request, after_turn_max_chars=ce.after_turn_max_chars,
+                     context_window_tokens=ce.context_window_tokens)
+
+
 class ContextEngine:
     def __init__(self, deps: EngineDeps, catalog: Catalog | None = None, config: ConfigCache | None = None):
         self.deps = deps
@@ -131,9 +138,7 @@ class ContextEngine:
 
     def _handle(self, hook: str, request: dict[str, Any], job_id: str | None) -> EngineReply:
         cfg = self.config.get()
-        ce = cfg.context_engine
-        req = normalise(hook, request, after_turn_max_chars=ce.after_turn_max_chars,
-                        context_window_tokens=ce.context_window_tokens)
+        req = for_plugins(hook, request, cfg)
         chain = self.chain(cfg)
         strategy = STRATEGIES[hook]
         run = {MERGE: self._merge, FIRST_USABLE: self._first_usable, ALL: self._all}[strategy.mode]
@@ -379,8 +384,7 @@ class ContextEngine:
     def judge(self, hook: str, request: dict[str, Any], reply: Any) -> tuple[bool, str | None]:
         """(ok, reason): would an agent call use this reply of a plugin's `hook`? reason: why not."""
         cfg = self.config.get()
-        req = normalise(hook, request, after_turn_max_chars=cfg.context_engine.after_turn_max_chars,
-                        context_window_tokens=cfg.context_engine.context_window_tokens)
+        req = for_plugins(hook, request, cfg)
         check = self.judge_for(hook, req, cfg)
         problem = check(reply)[0] if check is not None else None
         return (problem is None), (f"{P.INVALID_OUTPUT}: {problem}" if problem else None)
@@ -389,8 +393,7 @@ class ContextEngine:
         """One run of a plugin's hook, judged exactly as an agent call judges it: a reply the engine would not use
         (e.g. assemble with no messages) comes back as an invalid_output failure, not as "ok"."""
         cfg = self.config.get()
-        req = normalise(hook, request, after_turn_max_chars=cfg.context_engine.after_turn_max_chars,
-                        context_window_tokens=cfg.context_engine.context_window_tokens)
+        req = for_plugins(hook, request, cfg)
         entry = self.catalog.get(name)
         # Recorded as test-console runs: kept out of the agents' Calls/Errors and percentiles.
         return invoke(entry, hook, req, home=self.home, invocations=OriginSink(self.deps.invocations, TEST_CONSOLE),

@@ -1,7 +1,8 @@
 """The `librefang` command: `start` runs the whole service; everything else maps to a management command.
 
   librefang start                 migrate, first-run setup, Redis check, then supervise daphne +
-                                  LIBREFANG_WORKERS workers (a child that exits is restarted with backoff)
+                                  LIBREFANG_WORKERS workers (a child that exits is restarted with backoff, one
+                                  that fails 6 starts in a row is given up: librefang_site/supervisor.py)
   librefang web                   daphne alone (for systemd or containers; see deploy/)
   librefang worker [--home DIR]   one hook worker; --home sets $LIBREFANG_HOME (a worker host needs no plugins
                                   there: with LIBREFANG_PIN_BUNDLES=1 it runs the versions the jobs name);
@@ -20,15 +21,10 @@ Exit codes: 0 ok, 1 check or hook failed, 2 invalid input, 3 not found, 4 confli
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import quote, urlparse, urlunparse
 
 SETTINGS = "librefang_site.settings"
 COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate",
@@ -73,105 +69,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _home() -> Path:
     return Path(os.environ.get("LIBREFANG_HOME", Path.home() / ".librefang")).expanduser()
-
-
-class RedisState:
-    OK, NEEDS_PASSWORD, DOWN = "ok", "needs_password", "down"
-
-
-def _probe_redis(url: str) -> str:
-    import redis
-
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2).ping()
-        return RedisState.OK
-    except redis.AuthenticationError:  # (a ConnectionError subclass: test it first)
-        return RedisState.NEEDS_PASSWORD
-    except redis.ResponseError as exc:  # NOAUTH, or AUTH sent to a Redis without a password
-        return RedisState.NEEDS_PASSWORD if "auth" in str(exc).lower() else RedisState.DOWN
-    except (redis.RedisError, OSError):
-        return RedisState.DOWN
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that already existed
-
-
-def redis_password(home: Path) -> str:
-    """The private Redis's password, generated on first use into $LIBREFANG_HOME/redis_password (0600)."""
-    path = home / "redis_password"
-    if path.exists():
-        value = path.read_text().strip()
-        if value:
-            return value
-    value = secrets.token_urlsafe(32)  # URL-safe: it goes into REDIS_URL as is
-    _write_private(path, value + "\n")
-    return value
-
-
-def with_password(url: str, password: str) -> str:
-    parsed = urlparse(url)
-    host = f"[{parsed.hostname}]" if parsed.hostname and ":" in parsed.hostname else (parsed.hostname or "127.0.0.1")
-    netloc = f":{quote(password, safe='')}@{host}:{parsed.port or 6379}"
-    return urlunparse(parsed._replace(netloc=netloc))
-
-
-def redis_config(*, host: str, port: int, data: Path, password: str) -> str:
-    """Durable (AOF, fsync every second: at most ~1 s of accepted jobs is lost if the machine itself dies; a
-    crash of redis-server alone loses nothing) and password-protected."""
-    return "\n".join([
-        f"bind {host}", f"port {port}", f'dir "{data}"', f'logfile "{data / "redis.log"}"',
-        "appendonly yes", "appendfsync everysec", 'save ""', "daemonize no", f'requirepass "{password}"', "",
-    ])
-
-
-def ensure_redis(url: str, home: Path) -> tuple[str, subprocess.Popen | None]:
-    """The Redis URL every process should use, and the private redis-server we started (or None).
-
-    If a Redis answers at `url`, it is used as it is. Otherwise a private redis-server is started under
-    $LIBREFANG_HOME/redis with AOF and a password; the password goes into the returned URL, never into argv.
-    """
-    state = _probe_redis(url)
-    if state == RedisState.OK:
-        return url, None
-    parsed = urlparse(url)
-    if parsed.scheme != "redis":  # rediss:// or unix://: someone else's Redis, which we cannot stand in for
-        sys.exit(f"Redis is not reachable at {url}; start it, or unset REDIS_URL to let `make run` start its own.")
-    private_url = with_password(url, parsed.password or redis_password(home))
-    if state == RedisState.NEEDS_PASSWORD:
-        if _probe_redis(private_url) == RedisState.OK:  # our private Redis, left by a run that was killed
-            print(f"Using the private Redis already running at {parsed.hostname}:{parsed.port or 6379}")
-            return private_url, None
-        sys.exit(f"The Redis at {url} requires a password: put it in REDIS_URL (redis://:PASSWORD@host:port/0).")
-    server = shutil.which("redis-server")
-    if server is None:
-        sys.exit(
-            f"Redis is not reachable at {url} and `redis-server` is not installed.\n"
-            "Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis)\n"
-            "or point REDIS_URL at a running Redis, then run `make run` again."
-        )
-    data = home / "redis"
-    data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    conf = data / "redis.conf"
-    _write_private(conf, redis_config(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379, data=data,
-                                      password=parsed.password or redis_password(home)))
-    print(f"Redis not reachable at {url}: starting a private redis-server (AOF, password; data in {data})")
-    from librefang_site.supervisor import die_with_parent
-
-    # Its own session, so Ctrl-C reaches the supervisor only and Redis outlives the workers' last writes.
-    proc = subprocess.Popen([server, str(conf)], start_new_session=True, preexec_fn=die_with_parent)
-    for _ in range(100):
-        if _probe_redis(private_url) == RedisState.OK:
-            return private_url, proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.terminate()
-    sys.exit(f"started redis-server but it does not answer at {parsed.hostname}:{parsed.port or 6379}; "
-             f"see {data / 'redis.log'}")
 
 
 def _listen() -> tuple[str, str]:
@@ -236,14 +133,15 @@ def web() -> int:
 def start() -> int:
     import django
 
-    from librefang_site.supervisor import Slot, Supervisor
+    from librefang_site import private_redis
+    from librefang_site.supervisor import Child, Supervisor
 
     home = _home()
     home.mkdir(parents=True, exist_ok=True)
     (home / "plugins").mkdir(exist_ok=True)
     host, port = _listen()
     workers = int(os.environ.get("LIBREFANG_WORKERS", "1"))
-    redis_url, redis_proc = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), home)
+    redis_url, redis_proc = private_redis.ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), home)
     os.environ["REDIS_URL"] = redis_url  # settings and every child read it from here
     try:
         listener = listen_socket(host, port)  # a busy port is reported before anything else happens
@@ -256,19 +154,14 @@ def start() -> int:
 
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS}
         worker_argv = [sys.executable, "-m", "librefang_site.cli", "worker"]
-        slots = [Slot("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
-        slots += [Slot("worker", i + 1, worker_argv) for i in range(workers)]
+        children = [Child("web", 0, daphne_argv(listener), pass_fds=(listener.fileno(),) if listener else ())]
+        children += [Child("worker", i + 1, worker_argv) for i in range(workers)]
         print(f"  Serving on http://{shown_host}:{port}/ with {workers} worker(s). Ctrl-C stops everything.\n",
               flush=True)
-        return Supervisor(slots, env=env, home=home, listener=listener).run()
+        return Supervisor(children, env=env, home=home, listener=listener).run()
     finally:
         if redis_proc is not None:
-            redis_proc.terminate()  # Redis writes its AOF and exits
-            try:
-                redis_proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                redis_proc.kill()
-                redis_proc.wait()
+            private_redis.stop(redis_proc)
         print("stopped.", flush=True)
 
 

@@ -25,6 +25,27 @@ TOUCH_EVERY_SECS = 60
 ROLE_RANK = {Role.AGENT: 0, Role.VIEWER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+def bearer_token(authorization: str | bytes | None) -> str:
+    """The token of an `Authorization: Bearer <token>` value; '' for none or another scheme. The one parser of the
+    API's routes, the hook calls answered before Django (plugins_app/api/hook_asgi.py), /mcp and the websockets."""
+    if not authorization:
+        return ""
+    if isinstance(authorization, bytes):
+        authorization = authorization.decode("latin-1")
+    scheme, _, raw = authorization.partition(" ")
+    return raw.strip() if scheme.lower() == "bearer" else ""
+
+
+def headers_bearer(headers: Iterable[tuple[bytes | str, bytes | str]] | dict) -> str:
+    """bearer_token() of a request's Authorization header, from ASGI headers (a list of byte pairs) or a mapping."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, value in items:
+        name = name.decode("latin-1") if isinstance(name, bytes) else name
+        if name.lower() == "authorization":
+            return bearer_token(value)
+    return ""
+
+
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
@@ -110,50 +131,79 @@ def allows(token: ApiToken, required: str) -> bool:
     return role_may(token.role, required)
 
 
-# What each action needs, for API tokens and dashboard users alike: the dashboard's permission checks
-# (plugins_app/views/roles.py) and the API's (plugins_app/api/security.py) read this one table, keyed by the API's
-# operation id; dashboard-only actions have a key of their own. Changing plugin code, or letting it run, is the
-# owner's: reload re-reads the code from disk and enable lets it run again; admins may stop plugins and tools and
-# change the engine configuration.
+# Two requirements that are not a rank: any token's role (listing WASM tools), and the roles that run a tool's
+# module code (agents and the owner: never a viewer, nor an admin, who may only stop tools).
+ANY_ROLE = "any_role"
+AGENT_OR_OWNER = "agent_or_owner"
+
+# What each action needs, for API tokens and dashboard users alike: every API route takes its role from here by its
+# action (plugins_app/api/security.py ActionRouter: the route's operation id, or its router's action); the
+# dashboard's checks (plugins_app/views/roles.py) and buttons (plugins_app/templatetags/role_tags.py) read it too,
+# and dashboard-only actions have a key of their own. Changing plugin code, or letting it run, is the owner's:
+# reload re-reads the code from disk and enable lets it run again; admins may stop plugins and tools and change the
+# engine configuration; viewers read; agents call hooks and the memory API.
 ACTION_ROLES: dict[str, str] = {
+    # agents' calls (plugins_app/api/context_engine.py, memories.py)
+    "hooks_call": Role.AGENT,
+    "memories_manage": Role.AGENT,
+    # the context engine: metrics, traces, chain, configuration (plugins_app/api/context_engine*.py)
+    "metrics_get": Role.VIEWER,
+    "metrics_summary": Role.VIEWER,
+    "metrics_prometheus": Role.VIEWER,
+    "metrics_reset": Role.ADMIN,
+    "traces_list": Role.VIEWER,
+    "traces_history": Role.VIEWER,
+    "traces_get": Role.VIEWER,
+    "engine_chain": Role.VIEWER,
+    "engine_config_get": Role.VIEWER,
+    "engine_config_put": Role.ADMIN,
+    "engine_health": Role.VIEWER,
+    "context_engine_metrics_per_agent": Role.VIEWER,
+    "context_engine_sandbox_policy": Role.VIEWER,
+    # plugins (plugins_app/api/plugins.py, permissions.py)
     "plugins_list": Role.VIEWER,
+    "plugins_doctor": Role.VIEWER,
+    "plugins_registries": Role.VIEWER,
+    "plugins_registry_search": Role.VIEWER,
+    "plugins_get": Role.VIEWER,
+    "plugins_status": Role.VIEWER,
+    "plugins_health": Role.VIEWER,
+    "plugins_lint": Role.VIEWER,
+    "plugins_update_check": Role.VIEWER,
+    "plugins_state": Role.VIEWER,
+    "plugins_env": Role.VIEWER,
+    "plugins_advanced_config": Role.VIEWER,
+    "plugins_permissions": Role.VIEWER,  # what a plugin asks beyond the defaults
     "plugins_scaffold": Role.OWNER,
     "plugins_install": Role.OWNER,
+    "plugins_install_with_deps": Role.OWNER,
     "plugins_update": Role.OWNER,
     "plugins_install_deps": Role.OWNER,
     "plugins_test_hook": Role.OWNER,
     "plugins_reload": Role.OWNER,
     "plugins_enable": Role.OWNER,
+    "plugins_benchmark": Role.OWNER,
+    "plugins_batch": Role.OWNER,
+    "plugins_prewarm": Role.OWNER,
+    "plugins_prewarm_one": Role.OWNER,
+    "plugins_env_set": Role.OWNER,
+    "plugins_advanced_config_set": Role.OWNER,
+    "plugins_approve": Role.OWNER,  # the owner's approval of those asks
     "plugins_disable": Role.ADMIN,
     "plugins_uninstall": Role.ADMIN,
-    "engine_config_put": Role.ADMIN,
+    "plugins_export": Role.ADMIN,
+    "plugins_state_wipe": Role.ADMIN,
+    # WASM tools (plugins_app/api/tools.py)
+    "tools_list": ANY_ROLE,
+    "tools_get": ANY_ROLE,
+    "tools_execute": AGENT_OR_OWNER,
     "tools_install": Role.OWNER,
     "tools_package": Role.OWNER,
     "tools_enable": Role.ADMIN,
     "tools_disable": Role.ADMIN,
     "tools_remove": Role.ADMIN,
-    # LibreFang's extra plugin routes (plugins_app/api/plugins.py), also controls of the dashboard
-    # (plugins_app/views/parity.py).
-    "plugins_benchmark": Role.OWNER,
-    "plugins_batch": Role.OWNER,
-    "plugins_prewarm": Role.OWNER,
-    "plugins_prewarm_one": Role.OWNER,
-    "plugins_install_with_deps": Role.OWNER,
-    "plugins_env_set": Role.OWNER,
-    "plugins_advanced_config_set": Role.OWNER,
-    "plugins_export": Role.ADMIN,
-    "plugins_state_wipe": Role.ADMIN,
-    "plugins_update_check": Role.VIEWER,
-    "plugins_state": Role.VIEWER,
-    "plugins_env": Role.VIEWER,
-    "plugins_registry_search": Role.VIEWER,
-    "context_engine_metrics_per_agent": Role.VIEWER,
-    "context_engine_sandbox_policy": Role.VIEWER,
     "tokens_manage": Role.OWNER,  # the dashboard's Tokens page and /api/tokens (as `librefang token`)
-    # What a plugin asks beyond the defaults, and the owner's approval of it (plugins_app/api/permissions.py).
     "alerts_configure": Role.ADMIN,  # dashboard only: [alerts] rules, thresholds and webhooks in config.toml
-    "plugins_permissions": Role.VIEWER,
-    "plugins_approve": Role.OWNER,
 }
 
 
@@ -166,11 +216,21 @@ def role_may(role: str | None, required: str) -> bool:
     """Whether a holder of `role` (a dashboard user's or a token's) may do what needs `required`; see allows()."""
     if role is None:
         return False
+    if required == ANY_ROLE:
+        return True
+    if required == AGENT_OR_OWNER:
+        return role in (Role.AGENT, Role.OWNER)
     if required == Role.AGENT:
         return role in (Role.AGENT, Role.ADMIN, Role.OWNER)
     if role == Role.AGENT:
         return False
     return ROLE_RANK[Role(role)] >= ROLE_RANK[Role(required)]
+
+
+def describe_role(required: str) -> str:
+    """`required` as a refusal names it ("this route needs …")."""
+    return {ANY_ROLE: "an agent or viewer (or higher) role",
+            AGENT_OR_OWNER: "the agent or owner role"}.get(required, f"the {required} role")
 
 
 # ---- agents are tenants: tokens bound to agent ids ----

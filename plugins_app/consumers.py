@@ -7,7 +7,8 @@ arrive while the tail is being sent are de-duplicated by seq. A client resuming 
 (it keeps the last events.TAIL_LEN per plugin) is told so first: `{"missed": {"after", "through", "kept"}}` in JSON,
 a notice line in HTML. Seqs count within an epoch: when Redis lost the counter, lines come with a new one and a
 viewer that knows the old (`?epoch=`, or from lines it was sent) is told `{"renumbered": {"epoch"}}` (a notice line
-in HTML) and starts counting again. Accepts the session cookie or `?token=`.
+in HTML) and starts counting again. Accepts the session cookie, or an API token (viewer and up) as
+`Authorization: Bearer <token>` or `?token=` (browsers cannot set a websocket's headers).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
 from plugins_app import events
-from plugins_app.auth import allows, lookup
+from plugins_app.auth import allows, headers_bearer, lookup
 from plugins_app.models import Role
 from plugins_app.selectors import dashboard
 
@@ -32,7 +33,12 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 
 
-def _authorized(scope, token: str | None) -> bool:
+def _token(scope, query: dict[str, list[str]]) -> str:
+    """The API token a websocket client sent: its Authorization header, else `?token=`."""
+    return headers_bearer(scope.get("headers") or []) or (query.get("token") or [""])[0]
+
+
+def _authorized(scope, token: str) -> bool:
     user = scope.get("user")
     if user is not None and user.is_authenticated:
         return True
@@ -50,7 +56,7 @@ class StderrConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.format = (query.get("format") or ["html"])[0]
-        token = (query.get("token") or [None])[0]
+        token = _token(self.scope, query)
         try:
             self.after = int((query.get("after") or ["0"])[0])
         except ValueError:
@@ -181,7 +187,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
 
     async def connect(self):
         query = parse_qs(self.scope.get("query_string", b"").decode())
-        token = (query.get("token") or [None])[0]
+        token = _token(self.scope, query)
         self.view = (query.get("view") or ["list"])[0]
         self.plugin = (query.get("plugin") or [None])[0]
         if not await sync_to_async(_authorized)(self.scope, token):

@@ -59,6 +59,7 @@ urlpatterns = [
     path("traces/", monitoring_views.traces_page, name="traces"),
     path("traces/<str:trace_id>/", monitoring_views.trace_detail, name="trace_detail"),
     path("workers/", monitoring_views.workers_page, name="workers"),
+    path("workers/start-again/", monitoring_views.start_given_up_again, name="supervisor_start_again"),
     path("alerts/", alert_views.alerts_page, name="alerts"),
     path("alerts/test/", alert_views.alerts_test, name="alerts_test"),
     path("alerts/rules/", alert_views.alerts_configure, name="alerts_configure"),

@@ -34,15 +34,8 @@ namespaces, same view, same limits, less on the call's path.
 Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
 rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.
 
-This module is the one its callers import: the probing is here, the rest is named here from its siblings:
-    sandbox_enter.py     SandboxSpec and `enter` (cgroup, namespaces, rlimits, capabilities, cwd)
-    sandbox_spare.py     the same in two steps for a zygote's spare child (`pre_enter`), and `make_netns`
-    sandbox_mounts.py    the hook's view of the filesystem (covered home, kept directories, read-only mounts)
-    sandbox_tree.py      the keeper/init/hook processes of a sandboxed call
-    sandbox_cgroups.py   per-call cgroups (memory and pids limits)
-    sandbox_libc.py      the libc calls (unshare, mount, prctl, capset) and their constants
-    sandbox_seccomp.py   the seccomp filter (libseccomp) and its loading
-    sandbox_userns.py    a service that is not root: the user namespace it keeps, its subordinate ids mapped
+This module is the one its callers import: the probing is here, the rest is named here from its siblings
+(sandbox_*.py; each in docs/architecture.md, "Module map").
 """
 
 from __future__ import annotations

@@ -5,16 +5,8 @@ linked only when the plugin declares them AND the service's isolation policy all
 before instantiation with a clear message. Time, memory and module size are limited; every violation is a classified
 failure, never an exception out of this package.
 
-    abi.py            failure kinds, limits, WasmError, packed pointers
-    policy.py         the isolation policy from config.toml [runtime.wasm]
-    compile_cache.py  the wasmtime engine, epoch ticker, compiled modules in memory and on disk
-    host.py           which host calls a module may import, their implementations, the linkers
-    execution.py      one call of a module; describe (az_tool_name/az_tool_schema); static_check
-    hooks.py          `runtime = "wasm"` hooks (the WASM runtime) and lint's checks of a wasm plugin
-    wat.py            the scaffold's WAT hook module
-    tools/            AgentZero-style WASM tool plugins (manifest.json, install, discovery, run)
-
-The names below are the package's public surface; the modules hold the rest.
+Its modules, one line each: docs/architecture.md, "Module map". The names below are the package's public surface;
+the modules hold the rest.
 """
 
 from engine.wasm.abi import (

@@ -1,11 +1,12 @@
 from ninja import NinjaAPI, Swagger
 
-from plugins_app.api import context_engine, context_engine_extra, fallback, health, memories, tokens
+from plugins_app.api import context_engine, context_engine_extra, health, memories, not_found, tokens
 from plugins_app.api import permissions as permissions_api
 from plugins_app.api import plugins as plugins_api
 from plugins_app.api import tools as tools_api
 from plugins_app.api.contract import add_components, merge_status_keys
 from plugins_app.api.errors import install_handlers
+from plugins_app.api.security import route_roles
 
 ROLE_NOTES = {
     "owner": "Role: **owner** (runs or changes plugin code).",
@@ -16,20 +17,14 @@ ROLE_NOTES = {
 
 
 class Api(NinjaAPI):
-    """Adds each operation's required token role to its OpenAPI description (and as `x-required-role`)."""
+    """Adds each operation's required token role (plugins_app.auth.ACTION_ROLES) to its OpenAPI description (and as
+    `x-required-role`)."""
 
     def get_openapi_schema(self, *args, **kwargs):
         schema = super().get_openapi_schema(*args, **kwargs)
         add_components(schema)  # the models routes read or answer by reference (plugins_app/api/contract.py)
         merge_status_keys(schema)
-        roles = {}
-        for _prefix, router in self._routers:
-            for path_view in router.path_operations.values():
-                for op in path_view.operations:
-                    required = next((getattr(cb, "required", None) for cb in op.auth_callbacks), None)
-                    op_id = op.operation_id or self.get_openapi_operation_id(op)
-                    if required:
-                        roles[op_id] = str(required.value if hasattr(required, "value") else required)
+        roles = route_roles(self)
         for methods in schema.get("paths", {}).values():
             for op in methods.values():
                 role = roles.get(op.get("operationId", ""))
@@ -52,6 +47,7 @@ api = Api(
 )
 install_handlers(api)
 api.add_router("/", health.router)
+api.add_router("/context-engine", context_engine.hooks)
 api.add_router("/context-engine", context_engine.router)
 api.add_router("/context-engine", context_engine_extra.router)
 api.add_router("/plugins", plugins_api.router)
@@ -59,4 +55,4 @@ api.add_router("/plugins", permissions_api.router)
 api.add_router("/tools", tools_api.router)
 api.add_router("/memories", memories.router)
 api.add_router("/tokens", tokens.router)
-api.add_router("/", fallback.router)  # keep last: JSON 404 for unknown /api/ paths
+api.add_router("/", not_found.router)  # keep last: JSON 404 for unknown /api/ paths

@@ -2,17 +2,17 @@
 plugins_app/api/hook_asgi.py; the routes here describe them (OpenAPI) and answer every refused one."""
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Path, Query, Router, Schema
+from ninja import Path, Query, Schema
 from pydantic import Field
 
 from engine import hook_requests
+from engine.errors import validation_details
 from engine.hook_replies import HOOK_REPLY_MODELS
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.contract import body_of
 from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
-from plugins_app.api.security import ADMIN, AGENT, VIEWER, TokenAuth, actor
-from plugins_app.auth import check_agents, token_cache
-from plugins_app.models import Role
+from plugins_app.api.security import ActionRouter, CachedHookAuth, actor
+from plugins_app.auth import check_agents
 from plugins_app.schemas import (
     ChainOut,
     EngineConfigIn,
@@ -34,7 +34,9 @@ from plugins_app.services import hooks as hook_service
 from plugins_app.services import metrics as metrics_service
 from plugins_app.services import plugins as plugin_service
 
-router = Router(tags=["context-engine"])
+router = ActionRouter(tags=["context-engine"])
+# The agents' hook calls: one action, with the token looked up through the per-process cache.
+hooks = ActionRouter(tags=["context-engine"], action="hooks_call", auth_class=CachedHookAuth)
 
 
 def optional_body_openapi(schema: type[Schema]) -> dict:
@@ -45,27 +47,7 @@ def validated(hook: str, data: dict) -> hook_requests.AgentRequest:
     try:
         return hook_requests.accept(hook, data)
     except hook_requests.ValidationError as exc:
-        raise ApiError(400, "validation_error", f"invalid {hook} request", hook_requests.error_details(exc)) from exc
-
-
-class CachedHookAuth(TokenAuth):
-    """The hook routes' bearer auth through the per-process token cache (plugins_app/auth.py TokenCache): agents
-    call many times a second with the same token, so only a cache miss costs a query and a thread hop."""
-
-    is_async = True  # django-ninja awaits __call__
-
-    def __init__(self, required: str):
-        super().__init__(required)
-        self._cache = token_cache.entries
-
-    async def __call__(self, request: HttpRequest):  # type: ignore[override]
-        scheme, _, raw = (request.headers.get(self.header) or "").partition(" ")
-        if scheme.lower() != "bearer" or not raw:
-            return None
-        return self.admit(await token_cache.lookup(raw))
-
-
-HOOK_AUTH = CachedHookAuth(Role.AGENT)
+        raise ApiError(400, "validation_error", f"invalid {hook} request", validation_details(exc.errors())) from exc
 
 
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending the call again",
@@ -100,21 +82,21 @@ def _make_hook_route(hook: str):
         "Answered 202 once the job is stored; processed at least once by a worker. 503 with Retry-After when the "
         "job bus is unreachable (nothing stored: send it again)." if fire_and_forget else
         "The final result after stack and fallback, with `source` and `fallback_reason`."))
-    router.add_api_operation(f"/hooks/{hook}", ["POST"], call, auth=HOOK_AUTH, response=responses,
-                             operation_id=f"hook_{hook}", openapi_extra=extra)
+    hooks.add_api_operation(f"/hooks/{hook}", ["POST"], call, response=responses, operation_id=f"hook_{hook}",
+                            openapi_extra=extra)
 
 
 for _hook in ALL_HOOKS:
     _make_hook_route(_hook)
 
 
-@router.post("/hooks/{hook}", auth=AGENT, response={404: ErrorEnvelope, 401: ErrorEnvelope},
-             operation_id="hook_unknown", include_in_schema=False)
+@hooks.post("/hooks/{hook}", response={404: ErrorEnvelope, 401: ErrorEnvelope}, operation_id="hook_unknown",
+            include_in_schema=False)
 def unknown_hook(request, hook: str):
     raise ApiError(404, "unknown_hook", f"unknown hook {hook!r}", {"hooks": list(ALL_HOOKS)})
 
 
-@router.get("/metrics", auth=VIEWER, response={200: MetricsOut, 401: ErrorEnvelope, 403: ErrorEnvelope})
+@router.get("/metrics", response={200: MetricsOut, 401: ErrorEnvelope, 403: ErrorEnvelope}, operation_id="metrics_get")
 def metrics(request):
     """Per plugin, per hook: calls, successes, failures, latency_ms_total (+ p50/p95/p99, last error)."""
     return json_response(metrics_by_plugin())
@@ -126,14 +108,14 @@ E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvel
      413: ErrorEnvelope}
 
 
-@router.get("/metrics/summary", auth=VIEWER, response={200: MetricsSummaryOut, **E},
+@router.get("/metrics/summary", response={200: MetricsSummaryOut, **E},
             operation_id="metrics_summary")
 def metrics_summary(request):
     """Per hook (summed over plugins) and totals: calls, successes, failures, total_ms, avg_ms, error_rate_pct."""
     return json_response(metrics_export.summary())
 
 
-@router.get("/metrics/prometheus", auth=VIEWER, response={200: str, **E}, operation_id="metrics_prometheus",
+@router.get("/metrics/prometheus", response={200: str, **E}, operation_id="metrics_prometheus",
             openapi_extra={"responses": {"200": {"description": "Prometheus text format 0.0.4",
                                                  "content": {"text/plain": {"schema": {"type": "string"}}}}}})
 def metrics_prometheus(request):
@@ -144,7 +126,7 @@ class ResetIn(Schema):
     plugin: str | None = Field(None, max_length=128)
 
 
-@router.post("/metrics/reset", auth=ADMIN, response={200: ResetOut, **E}, operation_id="metrics_reset",
+@router.post("/metrics/reset", response={200: ResetOut, **E}, operation_id="metrics_reset",
              openapi_extra=optional_body_openapi(ResetIn))
 def metrics_reset(request):
     """Zero the persisted counters (all plugins, or one with {"plugin": name}). Traces are kept."""
@@ -160,7 +142,7 @@ class TraceFilters(Schema):
     limit: int = Field(50, ge=1, le=500)
 
 
-@router.get("/traces", auth=VIEWER, response={200: TraceListOut, **E}, operation_id="traces_list")
+@router.get("/traces", response={200: TraceListOut, **E}, operation_id="traces_list")
 def traces(request, filters: Query[TraceFilters]):
     """Newest first, filtered by plugin, hook, agent and failures only."""
     items = trace_selectors.list_traces(filters.plugin, filters.hook, filters.agent, filters.failures_only,
@@ -169,7 +151,7 @@ def traces(request, filters: Query[TraceFilters]):
                           "filters": filters.model_dump(exclude={"limit"})})
 
 
-@router.get("/traces/history", auth=VIEWER, response={200: TraceListOut, **E}, operation_id="traces_history")
+@router.get("/traces/history", response={200: TraceListOut, **E}, operation_id="traces_history")
 def traces_history(request, filters: Query[TraceFilters]):
     """LibreFang's history shape: the same filtered list (from the database) with `total`, `limit` and `source`."""
     items = trace_selectors.list_traces(filters.plugin, filters.hook, filters.agent, filters.failures_only,
@@ -178,7 +160,7 @@ def traces_history(request, filters: Query[TraceFilters]):
                           "source": "database", "filters": filters.model_dump(exclude={"limit"})})
 
 
-@router.get("/traces/{trace_id}", auth=VIEWER, response={200: TraceOut, **E}, operation_id="traces_get")
+@router.get("/traces/{trace_id}", response={200: TraceOut, **E}, operation_id="traces_get")
 def trace(request, trace_id: str = Path(..., pattern="^[0-9a-f]{16}$", description="16 lowercase hex characters")):
     try:
         found = trace_selectors.get_trace(trace_id)
@@ -189,25 +171,25 @@ def trace(request, trace_id: str = Path(..., pattern="^[0-9a-f]{16}$", descripti
     return json_response(found)
 
 
-@router.get("/chain", auth=VIEWER, response={200: ChainOut, **E}, operation_id="engine_chain")
+@router.get("/chain", response={200: ChainOut, **E}, operation_id="engine_chain")
 def chain(request):
     """The configured plugin or stack, layer by layer; the default engine is the fallback."""
     return json_response(config_selectors.chain())
 
 
-@router.get("/config", auth=VIEWER, response={200: EngineConfigOut, **E}, operation_id="engine_config_get")
+@router.get("/config", response={200: EngineConfigOut, **E}, operation_id="engine_config_get")
 def get_config(request):
     return json_response(config_selectors.engine_config())
 
 
-@router.put("/config", auth=ADMIN, response={200: EngineConfigOut, **E}, operation_id="engine_config_put")
+@router.put("/config", response={200: EngineConfigOut, **E}, operation_id="engine_config_put")
 def put_config(request, body: EngineConfigIn):
     """`{"plugin": name}` or `{"plugin_stack": [a, b]}` (both null or empty: the default engine). Written to
     config.toml atomically; comments and other settings are preserved."""
     return json_response(plugin_service.set_engine_config(body.plugin, body.plugin_stack, actor(request)))
 
 
-@router.get("/health", auth=VIEWER, response={200: EngineHealthOut, **E}, operation_id="engine_health",
+@router.get("/health", response={200: EngineHealthOut, **E}, operation_id="engine_health",
             openapi_extra={"responses": {"503": {"description": "an active plugin has lint errors or is missing"}}})
 def engine_health(request):
     """Lints every active plugin: 200 healthy, 503 with the issues otherwise."""

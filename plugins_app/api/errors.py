@@ -12,7 +12,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import ValidationError as PydanticValidationError
 
-from engine.errors import ServiceError
+from engine.errors import ServiceError, validation_details
 
 
 class ApiError(ServiceError):
@@ -60,10 +60,7 @@ def install_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(ValidationError)
     def _validation(request, exc: ValidationError):
-        errors = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
-            for e in exc.errors
-        ]
+        errors = validation_details(exc.errors)
         if any(e["type"] == "json_invalid" for e in errors):
             return respond(request, 400, "invalid_json", "The request body is not valid JSON.", errors)
         return respond(request, 400, "validation_error", "The request does not match the expected shape.", errors)
@@ -126,5 +123,5 @@ def json_body(request: HttpRequest, schema):
     try:
         return schema.model_validate(data)
     except PydanticValidationError as exc:
-        details = [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(400, "validation_error", "The request does not match the expected shape.", details) from exc
+        raise ApiError(400, "validation_error", "The request does not match the expected shape.",
+                       validation_details(exc.errors())) from exc

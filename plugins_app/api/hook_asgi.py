@@ -29,7 +29,7 @@ from engine import hook_requests
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.app import api
 from plugins_app.api.errors import envelope, json_response
-from plugins_app.auth import allows, refused_agents, token_cache
+from plugins_app.auth import allows, bearer_token, refused_agents, token_cache
 from plugins_app.models import Role
 from plugins_app.services import hooks as hook_service
 
@@ -219,10 +219,8 @@ def _plain_request(headers: dict[bytes, bytes], size: int, limit: int) -> bool:
 
 async def _token(authorization: bytes | None):
     """The token of a `Bearer` header if it may call hooks, else None (Django then says 401 or 403)."""
-    if not authorization:
-        return None
-    scheme, _, raw = authorization.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not raw:
+    raw = bearer_token(authorization)
+    if not raw:
         return None
     found = await token_cache.lookup(raw)
     return found if found is not None and allows(found, Role.AGENT) else None

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from ninja import Path, Query, Router, Schema
+from ninja import Path, Query, Schema
 from pydantic import Field
 
 from plugins_app.api.contract import body_of
 from plugins_app.api.errors import ApiError, json_body, json_response
-from plugins_app.api.security import AGENT, actor
+from plugins_app.api.security import ActionRouter, actor
 from plugins_app.auth import check_agents
 from plugins_app.schemas import (
     ErrorEnvelope,
@@ -34,7 +34,7 @@ from plugins_app.selectors import memories as memory_selectors
 from plugins_app.selectors import recall as recall_selectors
 from plugins_app.services import memory as memory_service
 
-router = Router(tags=["memories"])
+router = ActionRouter(tags=["memories"], action="memories_manage")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope}
 MEMORY_ID = Path(..., ge=1, le=2**63 - 1)
 MAX_OFFSET = 1_000_000
@@ -83,7 +83,7 @@ def _refuse_unknown_query(request, allowed: set[str]) -> None:
                        {"unknown": unknown, "allowed": sorted(allowed)})
 
 
-@router.post("", auth=AGENT, response={201: MemoryOut, 409: ErrorEnvelope, **E}, operation_id="memories_create",
+@router.post("", response={201: MemoryOut, 409: ErrorEnvelope, **E}, operation_id="memories_create",
              openapi_extra=body_of(MemoryIn))
 def create(request):
     """Remember something for an agent (and optionally one peer and session); ingest recalls it when relevant.
@@ -93,7 +93,7 @@ def create(request):
     return json_response(memory_service.create_memory(body.model_dump(), actor(request)), 201)
 
 
-@router.put("", auth=AGENT, response={200: MemoryOut, 201: MemoryOut, **E}, operation_id="memories_put",
+@router.put("", response={200: MemoryOut, 201: MemoryOut, **E}, operation_id="memories_put",
             openapi_extra=body_of(MemoryPutIn))
 def put(request):
     """Put by key: the memory with this `key` in this scope (agent, peer, session) is replaced, or made (201)."""
@@ -103,7 +103,7 @@ def put(request):
     return json_response(memory, 201 if created else 200)
 
 
-@router.get("", auth=AGENT, response={200: MemoryListOut, **E}, operation_id="memories_list")
+@router.get("", response={200: MemoryListOut, **E}, operation_id="memories_list")
 def list_memories(request, query: Query[MemoryQuery]):
     """The memories an agent recalls for a peer and session, newest (or oldest) first, a page at a time
     (`next_cursor`); with `q`, recall by meaning and full text (fused, 0..1). Filters: key, tags, metadata."""
@@ -122,7 +122,7 @@ def list_memories(request, query: Query[MemoryQuery]):
     return json_response(page)
 
 
-@router.delete("", auth=AGENT, response={200: MemoryDeleteOut, **E}, operation_id="memories_delete_agent")
+@router.delete("", response={200: MemoryDeleteOut, **E}, operation_id="memories_delete_agent")
 def delete_scope(request, query: Query[ScopeQuery]):
     """Forget everything an agent remembers, or only what it remembers about one peer and/or in one session. An
     agent token may do this for its own agents."""
@@ -131,19 +131,19 @@ def delete_scope(request, query: Query[ScopeQuery]):
                                                      actor(request)))
 
 
-@router.get("/scopes", auth=AGENT, response={200: MemoryScopesOut, **E}, operation_id="memories_scopes")
+@router.get("/scopes", response={200: MemoryScopesOut, **E}, operation_id="memories_scopes")
 def scopes(request, agent_id: str = Query(..., min_length=1, max_length=200)):
     """The peers and sessions an agent has memories for, with how many in each."""
     check_agents(request.auth, [agent_id])
     return json_response({"agent_id": agent_id, "scopes": memory_selectors.scopes(agent_id)})
 
 
-@router.get("/{memory_id}", auth=AGENT, response={200: MemoryOut, **E}, operation_id="memories_get")
+@router.get("/{memory_id}", response={200: MemoryOut, **E}, operation_id="memories_get")
 def get(request, memory_id: int = MEMORY_ID):
     return json_response(memory_selectors.to_dict(memory_selectors.visible_memory(request.auth, memory_id)))
 
 
-@router.patch("/{memory_id}", auth=AGENT, response={200: MemoryOut, **E}, operation_id="memories_update",
+@router.patch("/{memory_id}", response={200: MemoryOut, **E}, operation_id="memories_update",
               openapi_extra=body_of(MemoryPatchIn))
 def update(request, memory_id: int = MEMORY_ID):
     """Change a memory's content, tags, metadata or expiry (the fields given replace the memory's)."""
@@ -155,6 +155,6 @@ def update(request, memory_id: int = MEMORY_ID):
     return json_response(memory_service.update_memory(m, changes))
 
 
-@router.delete("/{memory_id}", auth=AGENT, response={200: MemoryDeleteOut, **E}, operation_id="memories_delete")
+@router.delete("/{memory_id}", response={200: MemoryDeleteOut, **E}, operation_id="memories_delete")
 def delete(request, memory_id: int = MEMORY_ID):
     return json_response(memory_service.delete_memory(memory_selectors.visible_memory(request.auth, memory_id), actor(request)))

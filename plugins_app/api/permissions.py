@@ -5,20 +5,18 @@ version is approved, what changed since the last approved one and what its hooks
 
 from __future__ import annotations
 
-from ninja import Router
-
 from plugins_app.api.errors import ApiError, json_body, json_response
 from plugins_app.api.plugins import E, PluginPath
-from plugins_app.api.security import OWNER, VIEWER, actor
+from plugins_app.api.security import ActionRouter, actor
 from plugins_app.schemas.permissions import ApproveIn, PermissionsOut
 from plugins_app.selectors import permissions as perm_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.services import permissions as perm_service
 
-router = Router(tags=["plugins"])
+router = ActionRouter(tags=["plugins"])
 
 
-@router.get("/{name}/permissions", auth=VIEWER, response={200: PermissionsOut, **E},
+@router.get("/{name}/permissions", response={200: PermissionsOut, **E},
             operation_id="plugins_permissions")
 def permissions(request, name: str = PluginPath):
     """The asks of the plugin.toml on disk (network, filesystem, service variables, secrets, wasm host calls, limits
@@ -29,7 +27,7 @@ def permissions(request, name: str = PluginPath):
     return json_response(perm_selectors.permissions(name))
 
 
-@router.post("/{name}/permissions/approve", auth=OWNER, response={200: PermissionsOut, **E},
+@router.post("/{name}/permissions/approve", response={200: PermissionsOut, **E},
              operation_id="plugins_approve",
              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
                  "schema": ApproveIn.model_json_schema()}}}})

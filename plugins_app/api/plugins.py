@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
-from ninja import Path, Query, Router, Schema
+from ninja import Path, Query, Schema
 
 from engine import hooks as H
 from engine.filecache import tree_size
 from plugins_app.api.context_engine import optional_body_openapi, validated
 from plugins_app.api.errors import ApiError, json_body, json_response
-from plugins_app.api.security import ADMIN, OWNER, VIEWER, actor
+from plugins_app.api.security import ActionRouter, actor
 from plugins_app.schemas import (
     NAME_PATTERN,
     DoctorOut,
@@ -62,16 +62,17 @@ from plugins_app.schemas.parity import (
 )
 from plugins_app.selectors import config as config_selectors
 from plugins_app.selectors import doctor as doctor_selectors
+from plugins_app.selectors import plugin_config as plugin_config_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import registries as registry_selectors
-from plugins_app.selectors import state as state_selectors
+from plugins_app.selectors.plugin_data import plugin_state
 from plugins_app.services import audit, plugin_config
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import hooks as hook_service
 from plugins_app.services import plugins as plugin_service
 from plugins_app.services import prewarm as prewarm_service
 
-router = Router(tags=["plugins"])
+router = ActionRouter(tags=["plugins"])
 PluginPath = Path(..., pattern=NAME_PATTERN, max_length=128, description="the plugin's directory name")
 E = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
      413: ErrorEnvelope}
@@ -86,7 +87,7 @@ class ListFilters(Schema):
     has_errors: bool | None = None
 
 
-@router.get("", auth=VIEWER, response={200: PluginListOut, **E}, operation_id="plugins_list")
+@router.get("", response={200: PluginListOut, **E}, operation_id="plugins_list")
 def list_plugins(request, filters: Query[ListFilters]):
     """Every installed plugin with all nine hooks, validity, enabled, runtime and display_name."""
     items = [p.to_dict() for p in plugin_selectors.list_plugins(_lang(request))]
@@ -97,14 +98,14 @@ def list_plugins(request, filters: Query[ListFilters]):
     return json_response({"items": items, "total": len(items), "offset": 0, "limit": None})
 
 
-@router.get("/doctor", auth=VIEWER, response={200: DoctorOut, **E}, operation_id="plugins_doctor")
+@router.get("/doctor", response={200: DoctorOut, **E}, operation_id="plugins_doctor")
 def doctor(request, fresh: bool = False):
     """Every runtime probed (5 s cap each, cached 30 s unless `fresh`); per plugin runtime_available, hooks_valid
     and findings with hints."""
     return json_response(doctor_selectors.doctor(fresh=fresh))
 
 
-@router.post("/scaffold", auth=OWNER, response={201: ScaffoldOut, **E}, operation_id="plugins_scaffold")
+@router.post("/scaffold", response={201: ScaffoldOut, **E}, operation_id="plugins_scaffold")
 def scaffold(request, body: ScaffoldIn):
     """Create a plugin from the runtime's templates (201); 409 when it exists; 400 for a bad name or runtime."""
     summary = plugin_service.scaffold_plugin(body.name, body.description, body.runtime, body.hooks,
@@ -113,7 +114,7 @@ def scaffold(request, body: ScaffoldIn):
                           "plugin": summary.to_dict()}, 201)
 
 
-@router.post("/install", auth=OWNER, response={201: InstallOut, **E}, operation_id="plugins_install")
+@router.post("/install", response={201: InstallOut, **E}, operation_id="plugins_install")
 def install(request, body: InstallIn):
     """Install from a local path, a git URL (optional ref) or a registry (git repo or local dir with
     plugins/<name>/). Honours `Idempotency-Key`; checks [integrity]; never copies symlinks; records plugins.lock."""
@@ -123,14 +124,14 @@ def install(request, body: InstallIn):
     return json_response(result, 201)
 
 
-@router.post("/uninstall", auth=ADMIN, response={200: UninstallOut, **E}, operation_id="plugins_uninstall")
+@router.post("/uninstall", response={200: UninstallOut, **E}, operation_id="plugins_uninstall")
 def uninstall(request, body: NameIn):
     return json_response(plugin_service.uninstall_plugin(body.name, actor=actor(request)))
 
 
 # ---- routes with fixed paths: declared before /{name}, which would otherwise take them ----
 
-@router.post("/install-with-deps", auth=OWNER, response={201: InstallWithDepsOut, **E},
+@router.post("/install-with-deps", response={201: InstallWithDepsOut, **E},
              operation_id="plugins_install_with_deps")
 def install_with_deps(request, body: InstallWithDepsIn):
     """Install a registry plugin and, first, every plugin it depends on (`plugin_depends`, transitively; cycles are
@@ -139,13 +140,13 @@ def install_with_deps(request, body: InstallWithDepsIn):
                                                           actor=actor(request)), 201)
 
 
-@router.post("/batch", auth=OWNER, response={200: BatchOut, **E}, operation_id="plugins_batch")
+@router.post("/batch", response={200: BatchOut, **E}, operation_id="plugins_batch")
 def batch(request, body: BatchIn):
     """enable, disable or reload several plugins; one result per plugin (a failure does not stop the others)."""
     return json_response(plugin_service.batch(body.operation, body.plugins, actor=actor(request)))
 
 
-@router.post("/prewarm", auth=OWNER, response={200: PrewarmOut, **E, 503: ErrorEnvelope},
+@router.post("/prewarm", response={200: PrewarmOut, **E, 503: ErrorEnvelope},
              operation_id="plugins_prewarm", openapi_extra=optional_body_openapi(PrewarmIn))
 async def prewarm_all(request):
     """Every live worker starts the warm-start zygotes of the python hooks of `plugins` (default: every enabled
@@ -156,7 +157,7 @@ async def prewarm_all(request):
     return json_response(await prewarm_service.prewarm(None, actor(request), only=body.plugins or None))
 
 
-@router.get("/registry/search", auth=VIEWER, response={200: RegistrySearchOut, **E, 502: ErrorEnvelope},
+@router.get("/registry/search", response={200: RegistrySearchOut, **E, 502: ErrorEnvelope},
             operation_id="plugins_registry_search")
 def registry_search(request, q: str = Query("", max_length=200), registry: str | None = Query(None, max_length=4096)):
     """Plugins of a registry (default: the first configured) whose name, description or author hold every word
@@ -164,7 +165,7 @@ def registry_search(request, q: str = Query("", max_length=200), registry: str |
     return json_response(registry_selectors.search(q, registry))
 
 
-@router.get("/registries", auth=VIEWER, response={200: RegistriesOut, **E}, operation_id="plugins_registries")
+@router.get("/registries", response={200: RegistriesOut, **E}, operation_id="plugins_registries")
 def registries(request):
     """Every configured registry with what it offers (or the error that kept it from being read)."""
     return json_response(registry_selectors.registries())
@@ -177,7 +178,7 @@ def _plugin_or_404(name: str, request: HttpRequest):
     return summary
 
 
-@router.get("/{name}", auth=VIEWER, response={200: PluginOut, **E}, operation_id="plugins_get")
+@router.get("/{name}", response={200: PluginOut, **E}, operation_id="plugins_get")
 def get_plugin(request, name: str = PluginPath):
     summary = _plugin_or_404(name, request)
     data = summary.to_dict()
@@ -190,7 +191,7 @@ def get_plugin(request, name: str = PluginPath):
     return json_response(data)
 
 
-@router.get("/{name}/status", auth=VIEWER, response={200: PluginStatusOut, **E}, operation_id="plugins_status")
+@router.get("/{name}/status", response={200: PluginStatusOut, **E}, operation_id="plugins_status")
 def status(request, name: str = PluginPath):
     """LibreFang's status shape: version, validity, enabled, and where the plugin sits in the active chain."""
     summary = _plugin_or_404(name, request)
@@ -205,7 +206,7 @@ def status(request, name: str = PluginPath):
     })
 
 
-@router.get("/{name}/health", auth=VIEWER, response={200: PluginHealthOut, **E}, operation_id="plugins_health")
+@router.get("/{name}/health", response={200: PluginHealthOut, **E}, operation_id="plugins_health")
 def health(request, name: str = PluginPath):
     """Loaded or disabled, per-hook stats from the persisted metrics, and the plugin's recent traces."""
     summary = _plugin_or_404(name, request)
@@ -223,7 +224,7 @@ def health(request, name: str = PluginPath):
     })
 
 
-@router.get("/{name}/lint", auth=VIEWER, response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")
+@router.get("/{name}/lint", response={200: LintOut, 422: LintOut, **E}, operation_id="plugins_lint")
 def lint(request, name: str = PluginPath):
     """200 when the plugin has no errors, 422 with the report when it has."""
     try:
@@ -233,24 +234,24 @@ def lint(request, name: str = PluginPath):
     return json_response(report, 200 if report["ok"] else 422)
 
 
-@router.post("/{name}/reload", auth=OWNER, response={200: ReloadOut, **E}, operation_id="plugins_reload")
+@router.post("/{name}/reload", response={200: ReloadOut, **E}, operation_id="plugins_reload")
 def reload(request, name: str = PluginPath):
     """Re-read plugin.toml: timeout, [env], hooks and runtime apply to the next call. A broken manifest gets 400
     and the previous configuration keeps serving."""
     return json_response(plugin_service.reload_plugin(name, actor=actor(request)))
 
 
-@router.post("/{name}/enable", auth=OWNER, response={200: EnabledOut, **E}, operation_id="plugins_enable")
+@router.post("/{name}/enable", response={200: EnabledOut, **E}, operation_id="plugins_enable")
 def enable(request, name: str = PluginPath):
     return json_response(plugin_service.set_enabled(name, True, actor=actor(request)))
 
 
-@router.post("/{name}/disable", auth=ADMIN, response={200: EnabledOut, **E}, operation_id="plugins_disable")
+@router.post("/{name}/disable", response={200: EnabledOut, **E}, operation_id="plugins_disable")
 def disable(request, name: str = PluginPath):
     return json_response(plugin_service.set_enabled(name, False, actor=actor(request)))
 
 
-@router.post("/{name}/update", auth=OWNER, response={200: UpdateOut, **E}, operation_id="plugins_update",
+@router.post("/{name}/update", response={200: UpdateOut, **E}, operation_id="plugins_update",
              openapi_extra=optional_body_openapi(UpdateIn))
 def update(request, name: str = PluginPath):
     """Re-fetch from the recorded source; 409 `locally_modified` (with the changed files) unless `force`."""
@@ -258,7 +259,7 @@ def update(request, name: str = PluginPath):
     return json_response(plugin_service.update_plugin(name, body.force, actor=actor(request)))
 
 
-@router.post("/{name}/install-deps", auth=OWNER, response={200: dict, **E}, operation_id="plugins_install_deps")
+@router.post("/{name}/install-deps", response={200: dict, **E}, operation_id="plugins_install_deps")
 def install_deps(request, name: str = PluginPath):
     return json_response(plugin_service.install_deps(name, actor=actor(request)))
 
@@ -268,7 +269,7 @@ def _test_hook_timeout(name: str, hook: str) -> float:
     return H.timeout_for(hook, plugin_selectors.runnable_hooks(name, [hook]))
 
 
-@router.post("/{name}/test-hook", auth=OWNER, response={200: TestHookOut, **E}, operation_id="plugins_test_hook")
+@router.post("/{name}/test-hook", response={200: TestHookOut, **E}, operation_id="plugins_test_hook")
 async def test_hook(request, body: TestHookIn, name: str = PluginPath):
     """Run this plugin's hook once through a worker, whatever the active configuration. `error` carries the
     classified failure (timeout, script_error with exit code, empty_output, …)."""
@@ -291,7 +292,7 @@ def _installed_or_404(name: str) -> None:
         raise ApiError(404, "not_found", f"plugin {name!r} is not installed")
 
 
-@router.post("/{name}/benchmark", auth=OWNER, response={200: BenchmarkOut, **E}, operation_id="plugins_benchmark",
+@router.post("/{name}/benchmark", response={200: BenchmarkOut, **E}, operation_id="plugins_benchmark",
              openapi_extra=optional_body_openapi(BenchmarkIn))
 async def benchmark(request, name: str = PluginPath):
     """Run each declared hook (or `hook` only) `runs` times (default 5, max 50), one after another, through a
@@ -302,14 +303,14 @@ async def benchmark(request, name: str = PluginPath):
     return json_response(await benchmark_service.benchmark(name, body.hook, body.input, body.runs, actor(request)))
 
 
-@router.post("/{name}/prewarm", auth=OWNER, response={200: PrewarmOut, **E, 503: ErrorEnvelope},
+@router.post("/{name}/prewarm", response={200: PrewarmOut, **E, 503: ErrorEnvelope},
              operation_id="plugins_prewarm_one")
 async def prewarm_one(request, name: str = PluginPath):
     """POST /plugins/prewarm for one plugin (404 when not installed, 409 when disabled)."""
     return json_response(await prewarm_service.prewarm(name, actor(request)))
 
 
-@router.get("/{name}/export", auth=ADMIN, response={200: bytes, **E}, operation_id="plugins_export",
+@router.get("/{name}/export", response={200: bytes, **E}, operation_id="plugins_export",
             openapi_extra={"responses": {"200": {"description": "`<name>.tar.gz`: the plugin directory and "
                                                                "`<name>/librefang-lock.json` (its plugins.lock entry)",
                                                 "content": {"application/gzip": {"schema": {"type": "string",
@@ -321,34 +322,34 @@ def export(request, name: str = PluginPath):
     return resp
 
 
-@router.get("/{name}/update-check", auth=VIEWER, response={200: UpdateCheckOut, **E, 502: ErrorEnvelope},
+@router.get("/{name}/update-check", response={200: UpdateCheckOut, **E, 502: ErrorEnvelope},
             operation_id="plugins_update_check")
 def update_check(request, name: str = PluginPath):
     """Fetch the recorded source and compare: a newer version, or the same version with different files."""
     return json_response(plugin_service.update_check(name))
 
 
-@router.get("/{name}/state", auth=VIEWER, response={200: PluginStateOut, **E}, operation_id="plugins_state")
+@router.get("/{name}/state", response={200: PluginStateOut, **E}, operation_id="plugins_state")
 def state(request, name: str = PluginPath):
     """The plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>): size, files, agents with a state file."""
     _installed_or_404(name)
-    return json_response(state_selectors.plugin_state(name))
+    return json_response(plugin_state(name))
 
 
-@router.delete("/{name}/state", auth=ADMIN, response={200: StateWipeOut, **E}, operation_id="plugins_state_wipe")
+@router.delete("/{name}/state", response={200: StateWipeOut, **E}, operation_id="plugins_state_wipe")
 def wipe_state(request, name: str = PluginPath):
     """Empty the plugin's data directory (per-agent state, bootstrap overrides, whatever its hooks stored)."""
     return json_response(plugin_service.wipe_state(name, actor=actor(request)))
 
 
-@router.get("/{name}/env", auth=VIEWER, response={200: PluginEnvOut, **E}, operation_id="plugins_env")
+@router.get("/{name}/env", response={200: PluginEnvOut, **E}, operation_id="plugins_env")
 def env(request, name: str = PluginPath):
     """[env] of plugin.toml (values of keys naming a key, secret, password or token shown as ***) and env_schema."""
     _installed_or_404(name)
-    return json_response(state_selectors.plugin_env(name))
+    return json_response(plugin_config_selectors.plugin_env(name))
 
 
-@router.put("/{name}/env", auth=OWNER, response={200: PluginEnvOut, **E}, operation_id="plugins_env_set",
+@router.put("/{name}/env", response={200: PluginEnvOut, **E}, operation_id="plugins_env_set",
             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                 "schema": EnvIn.model_json_schema()}}}})
 def set_env(request, name: str = PluginPath):
@@ -357,14 +358,14 @@ def set_env(request, name: str = PluginPath):
     return json_response(plugin_config.set_env(name, body.env, actor=actor(request)))
 
 
-@router.get("/{name}/advanced-config", auth=VIEWER, response={200: AdvancedConfigOut, **E},
+@router.get("/{name}/advanced-config", response={200: AdvancedConfigOut, **E},
             operation_id="plugins_advanced_config")
 def advanced_config(request, name: str = PluginPath):
     _installed_or_404(name)
-    return json_response(state_selectors.advanced_config(name))
+    return json_response(plugin_config_selectors.advanced_config(name))
 
 
-@router.put("/{name}/advanced-config", auth=OWNER, response={200: AdvancedConfigOut, **E},
+@router.put("/{name}/advanced-config", response={200: AdvancedConfigOut, **E},
             operation_id="plugins_advanced_config_set",
             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                 "schema": AdvancedConfigIn.model_json_schema()}}}})

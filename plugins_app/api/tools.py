@@ -1,48 +1,22 @@
 """WASM tool plugins (AgentZero ABI v2): list, execute (through a worker), install, package, enable/disable, remove.
 
-Roles: listing = agent or viewer and up; execute = agent or owner (it runs module code); install/package = owner;
-enable/disable/remove = admin and up, as for context-engine plugins.
+The role of each route: plugins_app/auth.py ACTION_ROLES (`tools_*`).
 """
 
 import json
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router
-from ninja.security import HttpBearer
 
 from plugins_app.api.contract import body_of
 from plugins_app.api.errors import ApiError, json_response, parse_body
-from plugins_app.api.security import actor, for_action
-from plugins_app.auth import allows, lookup
-from plugins_app.models import Role
+from plugins_app.api.security import ActionRouter, actor
 from plugins_app.schemas import ErrorEnvelope, ToolExecuteIn, ToolRunOut
 from plugins_app.selectors import tools as tool_selectors
 from plugins_app.services import tools as tool_service
 
-router = Router(tags=["tools"])
+router = ActionRouter(tags=["tools"])
 ERRORS = {400: ErrorEnvelope, 401: ErrorEnvelope, 403: ErrorEnvelope, 404: ErrorEnvelope, 409: ErrorEnvelope,
           413: ErrorEnvelope}
-
-
-class _Roles(HttpBearer):
-    """Valid when the token's role passes `check`; 403 with a clear message otherwise."""
-
-    def __init__(self, check, label: str):
-        super().__init__()
-        self.check = check
-        self.label = label
-
-    def authenticate(self, request, token: str):
-        found = lookup(token)
-        if found is None:
-            return None
-        if not self.check(found):
-            raise ApiError(403, "forbidden", f"this route needs {self.label}; the token has {found.role}")
-        return found
-
-
-READ = _Roles(lambda t: t.role == Role.AGENT or allows(t, Role.VIEWER), "an agent or viewer (or higher) role")
-RUN = _Roles(lambda t: t.role in (Role.AGENT, Role.OWNER), "the agent or owner role")
 
 
 def _upload(request: HttpRequest, field: str) -> bytes | None:
@@ -50,15 +24,14 @@ def _upload(request: HttpRequest, field: str) -> bytes | None:
     return upload.read() if upload is not None else None
 
 
-@router.get("", auth=READ, response={200: dict, **ERRORS}, operation_id="tools_list")
+@router.get("", response={200: dict, **ERRORS}, operation_id="tools_list")
 def list_tools(request):
     """Installed WASM tools (latest version of each) with state, capabilities, module name/schema and problems."""
     return json_response({"tools": tool_selectors.list_tools(), "policy": tool_selectors.policy_summary(),
                           "policy_error": tool_selectors.policy_error()})
 
 
-@router.post("/install", auth=for_action("tools_install"),
-             response={201: dict, **ERRORS, 503: ErrorEnvelope, 504: ErrorEnvelope}, operation_id="tools_install")
+@router.post("/install", response={201: dict, **ERRORS, 503: ErrorEnvelope, 504: ErrorEnvelope}, operation_id="tools_install")
 async def install(request):
     """Install a tool package: the tar as the raw body (Content-Type application/x-tar), a multipart `package`, or
     JSON `{"url": "file://|http://|https://…", "sha256": "<sha of the tar>"}` (AgentZero's install --url).
@@ -83,7 +56,7 @@ async def install(request):
     return json_response(info, 201)
 
 
-@router.post("/package", auth=for_action("tools_package"), response=ERRORS, operation_id="tools_package")
+@router.post("/package", response=ERRORS, operation_id="tools_package")
 def package(request):
     """Multipart `manifest` (manifest.json) + `wasm` (the module) → the package tar with wasm_sha256 recomputed."""
     manifest, wasm = _upload(request, "manifest"), _upload(request, "wasm")
@@ -96,12 +69,12 @@ def package(request):
     return response
 
 
-@router.get("/{tool_id}", auth=READ, response={200: dict, **ERRORS}, operation_id="tools_get")
+@router.get("/{tool_id}", response={200: dict, **ERRORS}, operation_id="tools_get")
 def get_tool(request, tool_id: str):
     return json_response(tool_selectors.get_tool(tool_id))
 
 
-@router.post("/{tool_id}/execute", auth=RUN, response={200: ToolRunOut, **ERRORS, 503: ToolRunOut, 504: ToolRunOut},
+@router.post("/{tool_id}/execute", response={200: ToolRunOut, **ERRORS, 503: ToolRunOut, 504: ToolRunOut},
              operation_id="tools_execute", openapi_extra=body_of(ToolExecuteIn))
 async def execute(request, tool_id: str):
     """`{"input": "..."}` → `{"output", "error"}` (AgentZero's tool result mapping), run by a worker.
@@ -121,19 +94,19 @@ def _toggle(request, tool_id: str, enabled: bool):
     return json_response(tool_service.set_enabled(tool_id, enabled, actor(request)))
 
 
-@router.post("/{tool_id}/enable", auth=for_action("tools_enable"), response={200: dict, **ERRORS},
+@router.post("/{tool_id}/enable", response={200: dict, **ERRORS},
              operation_id="tools_enable")
 def enable(request, tool_id: str):
     return _toggle(request, tool_id, True)
 
 
-@router.post("/{tool_id}/disable", auth=for_action("tools_disable"), response={200: dict, **ERRORS},
+@router.post("/{tool_id}/disable", response={200: dict, **ERRORS},
              operation_id="tools_disable")
 def disable(request, tool_id: str):
     return _toggle(request, tool_id, False)
 
 
-@router.delete("/{tool_id}", auth=for_action("tools_remove"), response={200: dict, **ERRORS},
+@router.delete("/{tool_id}", response={200: dict, **ERRORS},
                operation_id="tools_remove")
 def remove(request, tool_id: str, version: str | None = None):
     removed = tool_service.remove(tool_id, actor(request), version)

@@ -58,12 +58,23 @@ JOB_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("job_origin", d
 
 def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
                plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
-    """(job id, the signed fields of its stream entry)."""
-    job_id = uuid.uuid4().hex
+    """(job id, the signed fields of its stream entry), for a caller in a thread: naming the plugin versions may
+    wait for the database. On an event loop: job_fields_async."""
+    return _signed(_fields(kind, hook, request, deadline_secs, wants_reply, plugin, reply_to), _pins(kind))
+
+
+async def job_fields_async(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool,
+                           plugin: str = "", reply_to: str = "") -> tuple[str, dict[str, str]]:
+    """job_fields for a caller on an event loop: the plugin versions are awaited, the loop keeps serving."""
+    return _signed(_fields(kind, hook, request, deadline_secs, wants_reply, plugin, reply_to), await _pins_async(kind))
+
+
+def _fields(kind: str, hook: str, request: Any, deadline_secs: float | None, wants_reply: bool, plugin: str,
+            reply_to: str) -> dict[str, str]:
     now = time.time()
     deadline = now + deadline_secs if deadline_secs else 0.0
     fields = {
-        "id": job_id,
+        "id": uuid.uuid4().hex,
         "kind": kind,
         "hook": hook,
         "plugin": plugin,
@@ -76,22 +87,37 @@ def job_fields(kind: str, hook: str, request: Any, deadline_secs: float | None, 
     }
     if JOB_ORIGIN.get():
         fields["origin"] = JOB_ORIGIN.get()
-    if kind in PINNED_KINDS:
-        _pin_versions(fields)
-    fields["sig"] = sign(fields)
-    return job_id, fields
+    return fields
 
 
-def _pin_versions(fields: dict[str, str]) -> None:
-    from plugins_app.services.bundles import PinsUnavailable, job_pins
-
-    try:
-        pins = job_pins()
-    except PinsUnavailable as exc:  # callers treat it like Redis down: the agent gets the default engine
-        raise BusUnavailable(str(exc)) from exc
+def _signed(fields: dict[str, str], pins: tuple[dict[str, str], str] | None) -> tuple[str, dict[str, str]]:
     if pins is not None:
         fields["bundles"] = json.dumps(pins[0], sort_keys=True)
         fields["engine_config"] = pins[1]
+    fields["sig"] = sign(fields)
+    return fields["id"], fields
+
+
+def _pins(kind: str):
+    if kind not in PINNED_KINDS:
+        return None
+    from plugins_app.services.bundles import PinsUnavailable, job_pins
+
+    try:
+        return job_pins()
+    except PinsUnavailable as exc:  # callers treat it like Redis down: the agent gets the default engine
+        raise BusUnavailable(str(exc)) from exc
+
+
+async def _pins_async(kind: str):
+    if kind not in PINNED_KINDS:
+        return None
+    from plugins_app.services.bundles import PinsUnavailable, job_pins_async
+
+    try:
+        return await job_pins_async()
+    except PinsUnavailable as exc:
+        raise BusUnavailable(str(exc)) from exc
 
 
 def parse_job(entry_id: str, fields: dict[str, str], deliveries: int = 1, stream: str = "") -> Job:

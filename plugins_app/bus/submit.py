@@ -9,7 +9,7 @@ from typing import Any
 from plugins_app.bus.affinity import route, route_sync
 from plugins_app.bus.clients import REDIS_DOWN, BusUnavailable, client
 from plugins_app.bus.hub import current_hub, first_genuine
-from plugins_app.bus.job import job_fields
+from plugins_app.bus.job import job_fields, job_fields_async
 from plugins_app.bus.keys import reply_key
 
 
@@ -19,7 +19,7 @@ async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = 
     to that agent's worker host (agent affinity, plugins_app/bus/affinity.py; the caller decides).
     Raises BusUnavailable / BusCapacity when it could not be stored."""
     hub = current_hub()
-    job_id, fields = job_fields(kind, hook, request, None, False, plugin)
+    job_id, fields = await job_fields_async(kind, hook, request, None, False, plugin)
     await hub.xadd(fields, store_within, await route(agent, hub.hosts, hub.r))
     return job_id
 
@@ -31,7 +31,8 @@ async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: st
     for enqueue. Raises BusUnavailable / BusCapacity when the job could not be stored."""
     hub = current_hub()
     hub.ensure_running()
-    job_id, fields = job_fields(kind, hook, request, deadline_secs or wait_secs, True, plugin, reply_to=hub.channel)
+    job_id, fields = await job_fields_async(kind, hook, request, deadline_secs or wait_secs, True, plugin,
+                                            reply_to=hub.channel)
     started = time.monotonic()
     fut: asyncio.Future = asyncio.get_running_loop().create_future()
     hub.waiters[job_id] = fut

@@ -20,6 +20,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+from plugins_app.auth import headers_bearer
 from plugins_app.mcp import resources, tokens
 from plugins_app.mcp import tools as mcp_tools
 
@@ -30,7 +31,7 @@ POLL_SECS = 1.0  # how often the WASM tool list is checked for changes (one dire
 
 def _token_of(ctx) -> str:
     request = getattr(ctx, "request", None)
-    return tokens.bearer(dict(request.headers)) if request is not None else ""
+    return headers_bearer(dict(request.headers)) if request is not None else ""
 
 
 async def _token(ctx):
@@ -199,7 +200,7 @@ class McpApp:
             raise
 
     async def __call__(self, scope, receive, send) -> None:
-        raw = tokens.bearer(scope.get("headers") or [])
+        raw = headers_bearer(scope.get("headers") or [])
         found = await tokens.resolve(raw)
         if found is None:
             return await _unauthorized(send, 401, "invalid_token", "Authentication required")

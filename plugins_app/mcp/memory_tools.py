@@ -130,7 +130,7 @@ def delete_scope(args, token):
 
 
 def _tool(name: str, description: str, args: type[BaseModel], fn, out: type[BaseModel]) -> ToolDef:
-    return ToolDef(name, description, schema_of(args), tokens.may_call_hooks, _sync(fn), schema_of(out))
+    return ToolDef(name, description, schema_of(args), tokens.may_manage_memories, _sync(fn), schema_of(out))
 
 
 MEMORY_TOOLS = [

@@ -3,22 +3,10 @@
 
 from __future__ import annotations
 
-from plugins_app.auth import role_may, token_cache
-from plugins_app.models import ApiToken, Role
+from plugins_app.auth import required_role, role_may, token_cache
+from plugins_app.models import ApiToken
 
 TOKEN_CACHE_SECS = token_cache.secs  # how long a revoked token may still open a session
-
-
-def bearer(headers: list[tuple[bytes, bytes]] | dict) -> str:
-    """The raw bearer token of a request's headers ('' when there is none)."""
-    items = headers.items() if isinstance(headers, dict) else headers
-    for name, value in items:
-        name = name.decode("latin-1") if isinstance(name, bytes) else name
-        if name.lower() == "authorization":
-            value = value.decode("latin-1") if isinstance(value, bytes) else value
-            scheme, _, raw = value.partition(" ")
-            return raw.strip() if scheme.lower() == "bearer" else ""
-    return ""
 
 
 async def resolve(raw: str) -> ApiToken | None:
@@ -26,18 +14,23 @@ async def resolve(raw: str) -> ApiToken | None:
     return await token_cache.lookup(raw)
 
 
+# Each MCP tool or resource needs what its REST route needs (plugins_app/auth.py ACTION_ROLES).
+
 def may_call_hooks(role: str) -> bool:
-    return role_may(role, Role.AGENT)
+    return role_may(role, required_role("hooks_call"))  # as POST /api/context-engine/hooks/<hook>
+
+
+def may_manage_memories(role: str) -> bool:
+    return role_may(role, required_role("memories_manage"))  # as /api/memories
 
 
 def may_read(role: str) -> bool:
-    return role_may(role, Role.VIEWER)
+    return role_may(role, required_role("plugins_list"))  # as GET /api/plugins
 
 
 def may_run_tools(role: str) -> bool:
-    # as POST /api/tools/{id}/execute (plugins_app/api/tools.py RUN): module code runs for agents and the owner
-    return role in (Role.AGENT, Role.OWNER)
+    return role_may(role, required_role("tools_execute"))  # as POST /api/tools/{id}/execute
 
 
 def may_connect(role: str) -> bool:
-    return may_call_hooks(role) or may_read(role)
+    return may_call_hooks(role) or may_manage_memories(role) or may_read(role) or may_run_tools(role)

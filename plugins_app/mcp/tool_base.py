@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import hook_requests
-from engine.errors import ServiceError
+from engine.errors import ServiceError, validation_details
 from plugins_app.models import ApiToken
 
 Run = Callable[[dict[str, Any], ApiToken], Awaitable[dict[str, Any]]]
@@ -28,7 +28,7 @@ class McpToolError(Exception):
 
     @classmethod
     def invalid(cls, tool: str, exc: hook_requests.ValidationError) -> McpToolError:
-        return cls("validation_error", f"invalid {tool} arguments", hook_requests.error_details(exc))
+        return cls("validation_error", f"invalid {tool} arguments", validation_details(exc.errors()))
 
 
 @dataclass

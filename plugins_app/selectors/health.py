@@ -4,7 +4,8 @@ Status (plugins_app/api/health.py answers it):
 - `down` (503): Redis or the database is unreachable. Agents still get answers (the default engine for blocking
   hooks, 503 + Retry-After for after_turn/on_event), but nothing reaches a plugin.
 - `degraded` (503): Redis and the database answer but plugins cannot be served normally: no worker heartbeats,
-  jobs wait while no worker has read the stream for STALLED_READ_SECS, or the supervisor is restarting a worker.
+  jobs wait while no worker has read the stream for STALLED_READ_SECS, or the supervisor is restarting a worker or
+  has given one up (plugins_app/selectors/supervisor.py).
 - `ok` (200): everything above is fine.
 """
 
@@ -15,6 +16,8 @@ import time
 from collections.abc import Callable
 
 from django.db import connection
+
+from plugins_app.selectors.supervisor import supervisor_status, worker_problems
 
 log = logging.getLogger("librefang.health")
 STALLED_READ_SECS = 10.0
@@ -34,10 +37,6 @@ def database_ok() -> bool:
 
 def supervisor() -> dict | None:
     """The `librefang start` supervisor's view, when one runs (None under systemd, containers, tests)."""
-    try:
-        from plugins_app.selectors.supervisor import supervisor_status
-    except ImportError:
-        return None
     try:
         return supervisor_status()
     except Exception:
@@ -108,9 +107,7 @@ def assess(*, redis_ok: bool, db_ok: bool, workers: list[dict], queue: dict, rea
     if workers and waiting and (read_age is None or read_age > STALLED_READ_SECS):
         problems.append(f"{waiting} job(s) waiting and no worker read the stream for "
                         f"{'ever' if read_age is None else f'{read_age:.0f}s'}")
-    for child in (supervisor_doc or {}).get("children") or []:
-        if child.get("role") == "worker" and child.get("state") != "running" and not supervisor_doc.get("stopping"):
-            problems.append(f"supervisor: {child.get('slot', 'a worker')} is {child.get('state')}")
+    problems += worker_problems(supervisor_doc)
     return ("degraded" if problems else "ok"), problems
 
 

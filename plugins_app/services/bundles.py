@@ -11,6 +11,7 @@ directory, as on a single host.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
@@ -118,37 +119,99 @@ def publish_config() -> None:
 
 # ---- what a job pins (web tier) ----
 
-_pins: dict[str, object] = {"at": 0.0, "value": None}
-_pins_lock = threading.Lock()
+Pins = tuple[dict[str, str], str]
 # The ORM refuses to run on an event loop's thread; the web tier enqueues from one, so the refresh runs here.
 _db_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bundle-pins")
 
 
-def _forget_pins() -> None:
-    with _pins_lock:
-        _pins["at"] = 0.0
+class PinsCache:
+    """The web process's view of the active plugin versions, refreshed in the database thread: one refresh at a
+    time, shared by every caller that needs it; one that finishes after its callers gave up still updates the view.
+    forget() (a publish in this process) makes the next caller wait for a refresh started after it."""
 
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.value: Pins | None = None
+        self.at = 0.0
+        self.generation = 0  # one more per forget(): a refresh started before it does not make the view fresh
+        self.loading: tuple[int, concurrent.futures.Future] | None = None
 
-def job_pins() -> tuple[dict[str, str], str] | None:
-    """({plugin: bundle hash} of the enabled active plugins, config text) for a job, or None when pinning is off."""
-    if not pinning_enabled():
-        return None
-    with _pins_lock:
-        if time.monotonic() - float(_pins["at"]) < PINS_TTL_SECS and _pins["value"] is not None:
-            return _pins["value"]  # type: ignore[return-value]
-    try:
-        value = _db_thread.submit(_load_pins).result(timeout=PINS_LOAD_TIMEOUT_SECS)
-    except Exception as exc:  # the database is slow or down: keep naming the versions we last knew
-        with _pins_lock:
-            stale = _pins["value"]
+    def fresh(self) -> Pins | None:
+        with self.lock:
+            return self.value if self.value is not None and time.monotonic() - self.at < PINS_TTL_SECS else None
+
+    def forget(self) -> None:
+        with self.lock:
+            self.at = 0.0
+            self.generation += 1
+
+    def refresh(self) -> concurrent.futures.Future:
+        """The refresh under way since the last forget(), or a new one."""
+        with self.lock:
+            if self.loading is not None and self.loading[0] == self.generation and not self.loading[1].done():
+                return self.loading[1]
+            self.loading = (self.generation, _db_thread.submit(self._load, self.generation))
+            return self.loading[1]
+
+    def _load(self, generation: int) -> Pins:
+        value = _load_pins()
+        with self.lock:
+            self.value = value
+            if generation == self.generation:
+                self.at = time.monotonic()
+        return value
+
+    def last_known(self, exc: BaseException) -> Pins:
+        """The versions last read, when a refresh failed or is late: jobs keep naming them (PinsUnavailable when
+        there are none yet)."""
+        with self.lock:
+            stale = self.value
         if stale is None:
             raise PinsUnavailable(f"cannot read the active plugin versions: {type(exc).__name__}: {exc}") from exc
         log.warning("active plugin versions not refreshed (%s: %s); jobs name the last known ones",
                     type(exc).__name__, exc)
-        return stale  # type: ignore[return-value]
-    with _pins_lock:
-        _pins["value"], _pins["at"] = value, time.monotonic()
-    return value
+        return stale
+
+
+_pins = PinsCache()
+
+
+def _forget_pins() -> None:
+    _pins.forget()
+
+
+def job_pins() -> Pins | None:
+    """({plugin: bundle hash} of the enabled active plugins, config text) for a job, or None when pinning is off.
+    Waits (up to PINS_LOAD_TIMEOUT_SECS) for the database: for threads; on an event loop, await job_pins_async."""
+    if not pinning_enabled():
+        return None
+    fresh = _pins.fresh()
+    if fresh is not None:
+        return fresh
+    try:
+        return _pins.refresh().result(timeout=PINS_LOAD_TIMEOUT_SECS)
+    except Exception as exc:  # the database is slow or down
+        return _pins.last_known(exc)
+
+
+async def job_pins_async() -> Pins | None:
+    """job_pins for a caller on an event loop: it waits for the database thread without blocking the loop, which
+    keeps serving every other call meanwhile."""
+    if not pinning_enabled():
+        return None
+    fresh = _pins.fresh()
+    if fresh is not None:
+        return fresh
+    refresh = asyncio.wrap_future(_pins.refresh())
+    # never cancelled (the refresh is shared with other callers); its outcome is read here or left to the view
+    refresh.add_done_callback(lambda f: f.cancelled() or f.exception())
+    done, _ = await asyncio.wait([refresh], timeout=PINS_LOAD_TIMEOUT_SECS)
+    if not done:
+        return _pins.last_known(TimeoutError(f"no answer within {PINS_LOAD_TIMEOUT_SECS} s"))
+    try:
+        return refresh.result()
+    except Exception as exc:
+        return _pins.last_known(exc)
 
 
 def _load_pins() -> tuple[dict[str, str], str]:

@@ -1,6 +1,6 @@
 """Wiring the pure-Python engine to Django in the worker: database memory, recorded invocations, live stderr. The
 catalog and config caches it runs on are the process's (plugins_app/home.py), the same ones selectors read. The web
-tier never builds the engine: it uses plugins_app/services/policy.py."""
+tier never builds the engine: it uses plugins_app/services/hook_policy.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from engine.stack import ContextEngine, EngineDeps
 from plugins_app import events
 from plugins_app.home import catalog, config_cache, forget, home
 from plugins_app.selectors.permissions import DbApprovals
+from plugins_app.services.hook_policy import hook_policy
 from plugins_app.services.memory import DbMemoryStore
-from plugins_app.services.policy import hook_policy, summarizer_for
 from plugins_app.services.recording import DbInvocationSink
+from plugins_app.services.summarizer import summarizer_for
 
 log = logging.getLogger("librefang.engine")
 

@@ -15,7 +15,7 @@ from engine.hook_requests import AgentRequest
 from plugins_app import bus
 from plugins_app.models import JobRecord
 from plugins_app.services.affinity import agent_to_route
-from plugins_app.services.policy import hook_policy
+from plugins_app.services.hook_policy import hook_policy
 
 log = logging.getLogger("librefang.hooks")
 # Extra wait beyond the plugin's own timeout, so the worker's classified failure (not our guess) comes back.

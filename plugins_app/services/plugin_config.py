@@ -13,7 +13,7 @@ from tomlkit.exceptions import TOMLKitError
 from engine.plugins.manifest import ManifestError, parse_manifest_text
 from plugins_app.errors import PluginError
 from plugins_app.home import catalog as plugin_catalog
-from plugins_app.selectors.state import advanced_config, plugin_env
+from plugins_app.selectors.plugin_config import advanced_config, plugin_env
 from plugins_app.services import audit, bundles, permissions
 from plugins_app.services import config as config_service
 from plugins_app.services.plugins import record_change, require_installed

@@ -356,10 +356,10 @@ def update_check(name: str) -> dict:
 def wipe_state(name: str, actor: str) -> dict:
     """Empty the plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>: per-agent state files, bootstrap
     overrides, anything its hooks wrote there). The directory itself stays, and so do what the service keeps there
-    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/state.py SERVICE_OWNED). What the hooks
-    wrote is their identity's: engine/process/plugin_files.py removes it (a service that is not root, as root of its
-    user namespace); what could not be removed is said (409 `state_wipe_incomplete`), never passed over."""
-    from plugins_app.selectors.state import SERVICE_OWNED
+    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/plugin_data.py SERVICE_OWNED). What the
+    hooks wrote is their identity's: engine/process/plugin_files.py removes it (a service that is not root, as root
+    of its user namespace); what could not be removed is said (409 `state_wipe_incomplete`), never passed over."""
+    from plugins_app.selectors.plugin_data import SERVICE_OWNED
 
     require_installed(name)
     root = home().data_dir(name)

@@ -12,6 +12,7 @@ from engine.hooks import ALL_HOOKS
 from plugins_app import bus, events
 from plugins_app.forms import EngineConfigForm
 from plugins_app.selectors import dashboard, health, outcomes
+from plugins_app.selectors import supervisor as supervisor_selectors
 from plugins_app.selectors import workers as worker_selectors
 from plugins_app.selectors.health import database_ok
 from plugins_app.services import plugins as plugin_service
@@ -61,18 +62,21 @@ def engine_config(request):
 
 @login_required
 async def engine_health(request):
-    """Health fragment, polled by the page: Redis, database, live workers and the job queue."""
+    """Health fragment, polled by the page: Redis, database, live workers, what the supervisor gave up and the job
+    queue."""
     from asgiref.sync import sync_to_async
 
     redis_ok = await bus.ping()
     db_ok = await sync_to_async(database_ok)()
     workers = await bus.live_workers() if redis_ok else []
-    workers, dead = worker_selectors.split_dead(workers, await sync_to_async(health.supervisor)())
+    supervisor = await sync_to_async(health.supervisor)()
+    workers, dead = worker_selectors.split_dead(workers, supervisor)
+    given_up = supervisor_selectors.given_up(supervisor)
     queue = await bus.queue_stats() if redis_ok else {}
     failing = await sync_to_async(_failing_or_none)() if db_ok else None
     return await sync_to_async(render)(request, "plugins_app/partials/engine_health.html", {
         "redis_ok": redis_ok, "db_ok": db_ok, "workers": workers, "dead": dead, "queue": queue, "failing": failing,
-        "healthy": redis_ok and db_ok and bool(workers) and not failing,
+        "given_up": given_up, "healthy": redis_ok and db_ok and bool(workers) and not failing and not given_up,
         "dropped": await sync_to_async(events.dropped_count)() if redis_ok else None,
     })
 

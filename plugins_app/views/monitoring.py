@@ -1,21 +1,29 @@
-"""Monitoring pages: metrics charts (and their JSON), the trace explorer and trace detail, workers and queue."""
+"""Monitoring pages: metrics charts (and their JSON), the trace explorer and trace detail, workers and queue (and
+the supervisor's "Start again")."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 
 from asgiref.sync import sync_to_async
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, JsonResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
+from engine.errors import ServiceError
 from engine.hooks import ALL_HOOKS
 from plugins_app import bus
+from plugins_app.selectors import health
 from plugins_app.selectors import metrics as metric_selectors
+from plugins_app.selectors import supervisor as supervisor_selectors
 from plugins_app.selectors import traces as trace_selectors
 from plugins_app.selectors import workers as worker_selectors
+from plugins_app.services import supervisor as supervisor_service
+from plugins_app.views.roles import role_required, user_may
 
 
 def _range_args(request) -> dict:
@@ -111,23 +119,20 @@ def trace_detail(request, trace_id: str):
     return render(request, "plugins_app/trace_detail.html", {"trace": trace})
 
 
-async def _workers_context() -> dict:
+async def _workers_context(request, outcome: dict | None = None) -> dict:
     redis_ok = await bus.ping()
     heartbeats = await bus.live_workers() if redis_ok else []
     queue = await bus.queue_stats() if redis_ok else {}
-    supervisor = None
-    try:  # written alongside this page (plugins_app/selectors/supervisor.py); absent in older checkouts
-        from plugins_app.selectors import supervisor as supervisor_selectors
-
-        supervisor = await sync_to_async(supervisor_selectors.supervisor_status)()
-    except Exception:  # noqa: BLE001 - the page must render without a supervisor
-        supervisor = None
+    supervisor = await sync_to_async(health.supervisor)()
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     calls_5m = await sync_to_async(worker_selectors.calls_since)(since)
     live, dead = worker_selectors.split_dead(heartbeats, supervisor)
+    user = await request.auser()
     return {
         "redis_ok": redis_ok, "hosts": worker_selectors.workers_by_host(live, time.time()), "dead": dead,
         "worker_count": len(live), "queue": queue, "supervisor": supervisor,
+        "given_up": supervisor_selectors.given_up(supervisor), "outcome": outcome,
+        "may_start_again": await sync_to_async(user_may)(user, START_AGAIN_ROLE),
         "outcomes": await sync_to_async(worker_selectors.job_outcomes)(since),
         "calls_5m": calls_5m, "calls_per_min": calls_5m / 5,
     }
@@ -135,7 +140,42 @@ async def _workers_context() -> dict:
 
 @login_required
 async def workers_page(request):
-    context = await _workers_context()
+    context = await _workers_context(request)
     template = ("plugins_app/partials/workers_panel.html" if request.htmx
                 else "plugins_app/workers.html")
     return await sync_to_async(render)(request, template, context)
+
+
+START_AGAIN_ROLE = "admin"  # restarting a process is operating the service, as disabling a plugin is
+SEEN_STARTED_SECS = 2.0  # how long the answer waits for the supervisor to show them started (it looks every 0.1 s)
+
+
+@login_required
+@require_POST
+@role_required(START_AGAIN_ROLE)
+async def start_given_up_again(request):
+    """The workers page's "Start again": the supervisor starts every process it gave up."""
+    user = await request.auser()
+    try:
+        names = await sync_to_async(supervisor_service.start_given_up_again)(f"user:{user.get_username()}")
+    except ServiceError as exc:
+        outcome = {"ok": False, "message": exc.message}
+    else:
+        await _until_started(names)
+        outcome = {"ok": True, "message": f"the supervisor starts {', '.join(names)} again."}
+    if not request.htmx:
+        (messages.success if outcome["ok"] else messages.error)(request, outcome["message"])
+        return redirect("workers")
+    context = await _workers_context(request, outcome)
+    return await sync_to_async(render)(request, "plugins_app/partials/workers_panel.html", context,
+                                       status=200 if outcome["ok"] else 409)
+
+
+async def _until_started(names: list[str]) -> None:
+    """Waits (briefly) until the status file no longer shows them given up, so the page answered is current."""
+    deadline = time.monotonic() + SEEN_STARTED_SECS
+    while time.monotonic() < deadline:
+        doc = await sync_to_async(health.supervisor)()
+        if not {child.get("slot") for child in supervisor_selectors.given_up(doc)} & set(names):
+            return
+        await asyncio.sleep(0.05)

@@ -15,9 +15,12 @@ from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
 from plugins_app.schemas.parity import AdvancedConfigIn, EnvIn
+from plugins_app.selectors import plugin_config as plugin_config_selectors
 from plugins_app.selectors import plugins as plugin_selectors
 from plugins_app.selectors import registries as registry_selectors
-from plugins_app.selectors import state as state_selectors
+from plugins_app.selectors.agent_metrics import per_agent_metrics
+from plugins_app.selectors.plugin_data import plugin_state
+from plugins_app.selectors.sandbox_policy import sandbox_policy
 from plugins_app.services import benchmark as benchmark_service
 from plugins_app.services import plugin_config
 from plugins_app.services import plugins as plugin_service
@@ -106,7 +109,7 @@ def update_check(request, name: str):
 
 
 def _state_context(name: str, **extra) -> dict:
-    return {"plugin_name": name, "state": state_selectors.plugin_state(name), **extra}
+    return {"plugin_name": name, "state": plugin_state(name), **extra}
 
 
 @login_required
@@ -150,9 +153,9 @@ def _parse_env_lines(text: str) -> dict[str, str | None]:
 
 
 def _config_context(name: str, **extra) -> dict:
-    current = state_selectors.advanced_config(name)
+    current = plugin_config_selectors.advanced_config(name)
     settable = {k: current[k] for k in plugin_config.ADVANCED_KEYS if k in current}
-    return {"plugin_name": name, "env": state_selectors.plugin_env(name), "advanced": settable,
+    return {"plugin_name": name, "env": plugin_config_selectors.plugin_env(name), "advanced": settable,
             "advanced_text": json.dumps(settable, indent=2), "env_text": "", **extra}
 
 
@@ -286,5 +289,5 @@ def engine_extras(request):
     if hours is not None and not 0 < hours <= 24 * 365:
         hours = None
     return render(request, P + "parity_engine.html", {
-        "per_agent": state_selectors.per_agent_metrics(hours), "policy": state_selectors.sandbox_policy(),
+        "per_agent": per_agent_metrics(hours), "policy": sandbox_policy(),
         "hours": hours})

@@ -12,7 +12,7 @@ import functools
 from asgiref.sync import sync_to_async
 from django.shortcuts import render
 
-from plugins_app.auth import ACTION_ROLES, required_role, role_may
+from plugins_app.auth import required_role, role_may
 from plugins_app.models import Role
 from plugins_app.selectors import dashboard
 
@@ -32,7 +32,7 @@ def needed_role(action: str, view_kwargs: dict) -> str:
         key = action.format(**view_kwargs)
     except (KeyError, IndexError):
         return Role.OWNER
-    return required_role(key) if key in ACTION_ROLES else Role.OWNER
+    return required_role(key)
 
 
 def user_may(user, action: str, view_kwargs: dict | None = None) -> bool:

@@ -169,3 +169,19 @@ def test_it_covers_every_documented_route_in_the_table():
         if path.startswith(prefixes):
             for op in ops.values():
                 assert op["x-required-role"] in ("owner", "admin", "viewer", "agent"), path
+
+
+@pytest.mark.parametrize("header,token", [
+    ("Bearer lf_abc", "lf_abc"), ("bearer lf_abc", "lf_abc"), ("BEARER  lf_abc ", "lf_abc"),
+    (b"Bearer lf_abc", "lf_abc"), ("Basic lf_abc", ""), ("Bearer", ""), ("Bearer ", ""), ("lf_abc", ""), ("", ""),
+    (None, ""),
+])
+def test_it_reads_a_bearer_header_one_way(header, token):
+    """One parser for the API's routes, the lean hook path, /mcp and the websockets (plugins_app/auth.py)."""
+    from plugins_app.auth import bearer_token, headers_bearer
+
+    assert bearer_token(header) == token
+    if header is not None:
+        raw = header if isinstance(header, bytes) else header.encode("latin-1")
+        assert headers_bearer([(b"host", b"x"), (b"authorization", raw)]) == token
+        assert headers_bearer({"Authorization": raw.decode("latin-1")}) == token

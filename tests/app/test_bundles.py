@@ -3,13 +3,16 @@ named by signed jobs, unpacked verified on a worker that holds no plugins."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import tarfile
+import threading
 import uuid
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from engine.plugins import bundles as B
 from engine.plugins.sources import file_hashes
@@ -108,6 +111,49 @@ def test_it_publishes_on_scaffold_and_reload_and_retires_on_uninstall(home, pinn
     plugin_service.uninstall_plugin(name, actor="test")
     assert ActivePlugin.objects.get(name=name).retired
     assert name not in bundles.job_pins()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_event_loop_keeps_serving_while_a_job_waits_for_its_pins(home, pinning, settings, monkeypatch):
+    """A job queued on the event loop waits for the database thread to read the plugin versions without blocking
+    the loop: the database thread is freed only by another coroutine of that loop, so the job names the version
+    published just before only if that coroutine kept running while the job waited (a blocked loop waits out
+    PINS_LOAD_TIMEOUT_SECS, then names the last version it knew)."""
+    settings.LIBREFANG_REDIS_PREFIX = prefix = f"lfpins-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(bundles, "PINS_LOAD_TIMEOUT_SECS", 30.0)  # never reached by a loop that keeps serving
+    name = f"b-{uuid.uuid4().hex[:6]}"
+    plugin_service.scaffold_plugin(name, "", "python", ["ingest"], actor="test")
+    assert name in bundles.job_pins()[0]  # the web process's view of the versions is filled
+    _write_ingest(home, name, "v2")
+    plugin_service.reload_plugin(name, actor="test")  # a new version: the view must be read again
+    published = ActivePlugin.objects.get(name=name).bundle_hash
+    stream = bus.JobStream(consumer=f"test-{uuid.uuid4().hex[:6]}")
+    stream.ensure_group()
+
+    async def scenario() -> str:
+        release = threading.Event()
+        bundles._db_thread.submit(release.wait)  # the database thread is busy until another coroutine frees it
+
+        async def another_coroutine():  # on the same loop: it runs only while the loop is not blocked
+            for _tick in range(100):
+                await asyncio.sleep(0)
+            release.set()
+
+        ticking = asyncio.create_task(another_coroutine())
+        try:
+            return await bus.enqueue("ingest", {"agent_id": "a", "message": "m"})
+        finally:
+            release.set()
+            await ticking
+
+    try:
+        job_id = async_to_sync(scenario)()
+        [job] = [j for j in stream.read(count=10, block_ms=1000) if j.id == job_id]
+        assert job.signed and job.bundles == {name: published}
+    finally:
+        r = bus.client()
+        for key in r.scan_iter(match=prefix + ":*"):
+            r.delete(key)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,7 +18,7 @@ STREAM_COMMANDS = {
 }
 # The bus's names for its streams and their group: no one else needs them.
 STREAM_NAMES = {"stream_key", "host_stream_key", "host_streams_key", "control_key", "GROUP"}
-REDIS_PROBE = ROOT / "librefang_site" / "cli.py"  # pings Redis before the site starts; touches no stream
+REDIS_PROBE = ROOT / "librefang_site" / "private_redis.py"  # pings Redis before the site starts; touches no stream
 
 
 def app_sources() -> list[Path]:

@@ -73,15 +73,24 @@ def test_it_is_degraded_when_jobs_wait_and_no_worker_reads(client, prefix):
     assert body["problems"] == ["1 job(s) waiting and no worker read the stream for 60s"]
 
 
-def test_it_counts_a_supervisor_restarting_a_worker_as_degraded():
-    sup = {"stopping": False, "children": [{"slot": "web", "role": "web", "state": "running"},
-                                           {"slot": "worker 1", "role": "worker", "state": "restarting"}]}
-    status, problems = assess(redis_ok=True, db_ok=True, workers=[{"worker": "w"}], queue={}, read_age=0.5,
-                              supervisor_doc=sup)
-    assert status == "degraded" and problems == ["supervisor: worker 1 is restarting"]
-    sup["children"][1]["state"] = "running"
-    assert assess(redis_ok=True, db_ok=True, workers=[{"worker": "w"}], queue={}, read_age=0.5,
-                  supervisor_doc=sup) == ("ok", [])
+def test_it_counts_a_worker_the_supervisor_restarts_or_gave_up_as_degraded():
+    worker = {"slot": "worker 1", "role": "worker", "state": "backoff", "failed_starts": 2,
+              "last_exit": {"pid": 7, "code": None, "signal": "SIGKILL", "cause": "SIGKILL (possibly out of memory)"}}
+    sup = {"stopping": False, "children": [{"slot": "web", "role": "web", "state": "running"}, worker]}
+
+    def judged():
+        return assess(redis_ok=True, db_ok=True, workers=[{"worker": "w"}], queue={}, read_age=0.5,
+                      supervisor_doc=sup)
+
+    assert judged() == ("degraded", ["supervisor: worker 1 is restarting"])
+    worker.update(state="fatal", failed_starts=6)
+    assert judged() == ("degraded", ["supervisor: worker 1 given up: SIGKILL (possibly out of memory), 6 failed starts"])
+    sup["stopping"] = True  # the service is stopping everything: nothing to report
+    assert judged() == ("ok", [])
+    sup["stopping"] = False
+    for state in ("starting", "running"):
+        worker["state"] = state
+        assert judged() == ("ok", [])
 
 
 def test_it_says_loudly_when_a_worker_runs_hooks_with_a_degraded_sandbox(client, prefix):

@@ -1,11 +1,11 @@
-"""The hook routes' token check (plugins_app/api/context_engine.py, CachedHookAuth): one query per token per
+"""The hook routes' token check (plugins_app/api/security.py CachedHookAuth): one query per token per
 TOKEN_CACHE_SECS instead of one per call; a revoked token stops working once its cache entry expires."""
 
 from __future__ import annotations
 
 import pytest
 
-from plugins_app.api.context_engine import HOOK_AUTH
+from plugins_app.auth import token_cache
 from plugins_app.models import Role
 from plugins_app.services.tokens import create_token, revoke_token
 
@@ -21,9 +21,9 @@ def post(client, raw: str):
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-    HOOK_AUTH._cache.clear()
+    token_cache.entries.clear()
     yield
-    HOOK_AUTH._cache.clear()
+    token_cache.entries.clear()
 
 
 def test_it_looks_a_token_up_once_then_answers_from_the_cache(client, home, django_assert_num_queries):
@@ -38,8 +38,8 @@ def test_it_stops_a_revoked_token_once_its_entry_expires(client, home):
     assert post(client, raw).status_code == 400
     revoke_token(row.pk)
     assert post(client, raw).status_code == 400  # within TOKEN_CACHE_SECS the cached entry still serves
-    for key, (_expires, token) in list(HOOK_AUTH._cache.items()):
-        HOOK_AUTH._cache[key] = (0.0, token)  # ... until it expires
+    for key, (_expires, token) in list(token_cache.entries.items()):
+        token_cache.entries[key] = (0.0, token)  # ... until it expires
     r = post(client, raw)
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
 

@@ -129,7 +129,7 @@ def test_it_starts_a_private_redis_with_aof_and_a_password_kept_out_of_argv(tmp_
 
     import redis
 
-    from librefang_site.cli import ensure_redis
+    from librefang_site.private_redis import ensure_redis
     from tests.e2e.live import free_port
 
     home = tmp_path / "home"
@@ -162,7 +162,7 @@ def test_it_starts_a_private_redis_with_aof_and_a_password_kept_out_of_argv(tmp_
 
 
 def test_it_uses_a_redis_that_answers_as_it_is(tmp_path):
-    from librefang_site.cli import ensure_redis
+    from librefang_site.private_redis import ensure_redis
 
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     assert ensure_redis(url, tmp_path) == (url, None)
@@ -242,7 +242,12 @@ def test_it_ships_systemd_units_that_restart_like_the_supervisor():
         assert unit["Restart"] == "on-failure" and unit["KillMode"] == "control-group"
         assert _seconds(unit["RestartSec"]) == supervisor.BACKOFF_FIRST_SECS
         assert _seconds(unit["RestartMaxDelaySec"]) == supervisor.BACKOFF_MAX_SECS
-        assert unit["StartLimitIntervalSec"] == "0"  # like the supervisor, never give up
+        # given up as the supervisor gives up a child: GIVE_UP_AFTER starts fit in the interval only when each
+        # ended within about START_SECS (from the first start to the last: the runs before it and the backoff)
+        burst, interval = int(unit["StartLimitBurst"]), _seconds(unit["StartLimitIntervalSec"])
+        backoff = supervisor.BACKOFF_FIRST_SECS * (2 ** (burst - 1) - 1)  # 0.5 + 1 + 2 + 4 + 8
+        assert burst == supervisor.GIVE_UP_AFTER
+        assert (burst - 1) * 2 + backoff < interval < (burst - 1) * supervisor.START_SECS + backoff
         assert unit["EnvironmentFile"] == "/etc/librefang/librefang.env"
     env_keys = {line.split("=")[0].lstrip("#") for line in (deploy / "librefang.env.example").read_text().splitlines()
                 if "=" in line and not line.startswith("# ")}
@@ -268,23 +273,22 @@ def test_it_ships_systemd_units_that_restart_like_the_supervisor():
 
 
 SUPERVISE = """
-import sys
+import logging, sys
 from pathlib import Path
-from librefang_site.supervisor import Slot, Supervisor
-import librefang_site.supervisor as supervisor
+from librefang_site.supervisor import Child, RestartPolicy, Supervisor
+logging.basicConfig(level=logging.INFO, format="%(levelname)s librefang: %(message)s", stream=sys.stderr)
 home, grandchild_file = Path(sys.argv[1]), sys.argv[2]
-# "web" leaves a grandchild in its process group and exits on SIGTERM; "worker" always exits with code 3
+# "web" leaves a grandchild in its process group and exits on SIGTERM; "worker" can never start (exits with code 3)
 web = [sys.executable, "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
        f"open({grandchild_file!r}, 'w').write(str(p.pid)); time.sleep(300)"]
 worker = [sys.executable, "-c", "import sys; sys.exit(3)"]
-if len(sys.argv) > 3:  # "stable after" shortened, and a worker that runs longer than that before each exit
-    supervisor.STABLE_AFTER_SECS = 0.3
-    worker = [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(3)"]
-sys.exit(Supervisor([Slot("web", 0, web), Slot("worker", 1, worker)], env={}, home=home).run())
+policy = RestartPolicy(first_delay=0.05, give_up_after=3)  # give up sooner than the service does
+sys.exit(Supervisor([Child("web", 0, web), Child("worker", 1, worker)], env={}, home=home, policy=policy).run())
 """
 
 
-def test_it_restarts_with_backoff_reports_status_and_stops_its_whole_process_groups(tmp_path):
+def test_it_gives_up_a_worker_starts_it_again_on_sigusr1_and_stops_its_whole_process_groups_on_sigterm(tmp_path):
+    """The real process and its signal handlers; the state machine itself: tests/app/test_supervisor_states.py."""
     import signal
     import stat
 
@@ -293,28 +297,40 @@ def test_it_restarts_with_backoff_reports_status_and_stops_its_whole_process_gro
     home, grandchild_file = tmp_path / "home", tmp_path / "grandchild.pid"
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(home), str(grandchild_file)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        worker = None
+
+    def worker_when(test) -> dict:
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             doc = supervisor_status(home)
             worker = doc and next(c for c in doc["children"] if c["role"] == "worker")
-            if worker and worker["restarts"] >= 3 and grandchild_file.exists():
-                break
-            time.sleep(0.1)
-        assert doc["pid"] == proc.pid and worker["restarts"] >= 3, doc
-        assert {k: worker["last_exit"][k] for k in ("code", "signal")} == {"code": 3, "signal": None}
+            if worker and test(worker) and grandchild_file.exists():
+                return doc
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        raise AssertionError(f"the worker never got there: {supervisor_status(home)}")
+
+    try:
+        doc = worker_when(lambda w: w["state"] == "fatal")
+        worker = next(c for c in doc["children"] if c["role"] == "worker")
+        assert doc["pid"] == proc.pid and worker["failed_starts"] == 3 and worker["restarts"] == 2, doc
+        assert {k: worker["last_exit"][k] for k in ("code", "signal", "cause")} == {
+            "code": 3, "signal": None, "cause": "code 3"}
         assert isinstance(worker["last_exit"]["pid"], int)  # the pid it reaped: that worker is dead at once
         web = next(c for c in doc["children"] if c["role"] == "web")
-        assert web["state"] == "running" and web["restarts"] == 0  # a failing worker never touches the web slot
+        assert web["state"] in ("starting", "running") and web["restarts"] == 0  # a failing worker never touches it
         assert stat.S_IMODE((home / "run" / "supervisor.json").stat().st_mode) == 0o600
+
+        proc.send_signal(signal.SIGUSR1)  # start it again: three more failed starts, then given up again
+        worker_when(lambda w: w["state"] == "fatal" and w["restarts"] == 5)
+
         grandchild = int(grandchild_file.read_text())
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=25)
         assert proc.returncode == 0, out
-        # capped exponential backoff, logged with the true cause
-        assert "worker 1 (pid " in out and ") exited with code 3; restarting in 0.5 s (restart #1)" in out
-        assert "restarting in 1 s (restart #2)" in out and "restarting in 2 s (restart #3)" in out
+        assert "ERROR librefang: worker 1 (pid " in out and "exited with code 3 after " in out
+        assert "; restarting in 0.05 s (restart #1)" in out and "; restarting in 0.1 s (restart #2)" in out
+        assert out.count("CRITICAL librefang: worker 1 (pid ") == 2 and "given up after 3 failed starts" in out
+        assert "SIGUSR1: starting worker 1 again (given up after 3 failed starts: code 3)" in out
         assert "SIGTERM: stopping" in out
         with pytest.raises(ProcessLookupError):  # the grandchild web left behind went with its process group
             for _ in range(50):
@@ -328,31 +344,5 @@ def test_it_restarts_with_backoff_reports_status_and_stops_its_whole_process_gro
         if grandchild_file.exists():
             try:
                 os.kill(int(grandchild_file.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def test_it_restarts_after_the_first_delay_again_once_a_child_stayed_up(tmp_path):
-    import signal
-
-    home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(home), str(tmp_path / "gc.pid"), "stable"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        time.sleep(6)  # several exits, each after 0.5 s up (longer than the shortened 0.3 s "stable")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=25)
-        exits = [line for line in out.splitlines() if "exited with code 3" in line]
-        assert len(exits) >= 3, out
-        assert all("restarting in 0.5 s" in line for line in exits), exits
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        gc = tmp_path / "gc.pid"
-        if gc.exists():
-            try:
-                os.kill(int(gc.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, ValueError):
                 pass

@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 APP = URLRouter(websocket_urlpatterns)
 
 
-async def _connect(path: str, user=None) -> tuple[WebsocketCommunicator, bool, int | None]:
-    comm = WebsocketCommunicator(APP, path)
+async def _connect(path: str, user=None, headers=None) -> tuple[WebsocketCommunicator, bool, int | None]:
+    comm = WebsocketCommunicator(APP, path, headers=headers)
     comm.scope["user"] = user if user is not None else AnonymousUser()
     connected, code = await comm.connect(timeout=5)
     return comm, connected, code
@@ -59,6 +59,18 @@ async def test_it_refuses_agent_tokens_but_accepts_viewer_tokens(home):
     comm, connected, _ = await _connect(f"/ws/metrics/?view=list&token={viewer}")
     assert connected
     await comm.disconnect()
+
+
+async def test_it_takes_the_token_from_a_bearer_header_too(home):
+    _t, agent = await sync_to_async(create_token)("a", "agent")
+    _t, viewer = await sync_to_async(create_token)("v", "viewer")
+    for raw, opens in ((viewer, True), (agent, False), ("lf_unknown", False)):
+        for path in ("/ws/metrics/?view=list", "/ws/stderr/"):
+            comm, connected, code = await _connect(path, headers=[(b"authorization", f"Bearer {raw}".encode())])
+            assert connected is opens and (opens or code == 4401), (path, raw)
+            await comm.disconnect()
+    comm, connected, code = await _connect("/ws/stderr/", headers=[(b"authorization", f"Basic {viewer}".encode())])
+    assert not connected and code == 4401  # another scheme is no token
 
 
 async def test_it_refuses_an_unknown_metrics_view(home, user):

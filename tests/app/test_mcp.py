@@ -11,6 +11,7 @@ import pytest
 
 from engine.wasm import tools as T
 from plugins_app import bus
+from plugins_app.auth import headers_bearer
 from plugins_app.mcp import resources, tokens
 from plugins_app.mcp import tools as mcp_tools
 from plugins_app.models import HookMetric, HookTrace, JobRecord
@@ -98,6 +99,20 @@ async def test_it_refuses_arguments_the_rest_route_would_refuse(home, agent_toke
     error = refused.value.body["error"]
     assert error["code"] == "validation_error" and error["details"] == [
         {"loc": ["messages"], "msg": "Field required", "type": "missing"}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_details_a_refused_memory_exactly_as_rest_does(home, client):
+    from asgiref.sync import async_to_sync
+
+    token, raw = create_token("both-ways", "agent")
+    bad = {"agent_id": "a", "content": "", "tags": "not-a-list", "expires_at": "soon"}
+    with pytest.raises(mcp_tools.McpToolError) as refused:
+        async_to_sync(call)("memory_add", bad, token)
+    rest = client.post("/api/memories", data=bad, content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {raw}").json()["error"]
+    assert rest["code"] == refused.value.body["error"]["code"] == "validation_error"
+    assert len(rest["details"]) >= 2 and rest["details"] == refused.value.body["error"]["details"]
 
 
 async def test_it_refuses_recall_in_the_tools_own_terms(home, agent_token):
@@ -189,5 +204,5 @@ def test_it_resolves_a_token_and_its_role(home):
     found = async_to_sync(tokens.resolve)(raw)
     assert found is not None and found.role == "viewer"
     assert async_to_sync(tokens.resolve)("lf_unknown") is None and async_to_sync(tokens.resolve)("") is None
-    assert tokens.bearer([(b"authorization", f"Bearer {raw}".encode())]) == raw
-    assert tokens.bearer({"Authorization": "Basic abc"}) == ""
+    assert headers_bearer([(b"authorization", f"Bearer {raw}".encode())]) == raw
+    assert headers_bearer({"Authorization": "Basic abc"}) == ""

@@ -212,16 +212,51 @@ DASHBOARD_ACTIONS = [
 ]
 
 
-def test_it_gives_every_api_route_in_the_table_the_role_the_table_says():
+def test_every_api_route_but_health_and_the_404_takes_its_role_from_the_table():
     from plugins_app.api import api
-    from plugins_app.api.security import route_roles
+    from plugins_app.api.security import TokenAuth, route_roles
     from plugins_app.auth import ACTION_ROLES
 
-    routes = route_roles(api)
-    checked = {op: (routes[op], str(role)) for op, role in ACTION_ROLES.items() if op in routes}
-    assert {"plugins_reload", "plugins_enable", "plugins_disable", "tools_install"} <= set(checked)
-    assert {op: pair for op, pair in checked.items() if pair[0] != pair[1]} == {}
-    assert routes["plugins_reload"] == routes["plugins_enable"] == "owner"
+    public = set()
+    for prefix, router in api._routers:
+        for path, view in router.path_operations.items():
+            for op in view.operations:
+                if not op.auth_callbacks:
+                    public.add(prefix + path)
+                    continue
+                [check] = op.auth_callbacks
+                assert isinstance(check, TokenAuth) and check.action in ACTION_ROLES, (path, check)
+    assert public == {"//health", "//{path:rest}"}
+    roles = route_roles(api)
+    assert roles["plugins_reload"] == roles["plugins_enable"] == "owner"
+    assert roles["hook_ingest"] == roles["memories_list"] == "agent"
+
+
+def test_a_route_cannot_be_declared_with_a_role_of_its_own_or_an_action_the_table_lacks():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from plugins_app.api.security import ActionRouter, TokenAuth
+
+    router = ActionRouter()
+    with pytest.raises(ImproperlyConfigured, match="no role"):
+        router.get("/a", operation_id="plugins_frobnicate")(lambda request: None)
+    with pytest.raises(ImproperlyConfigured, match="names its action"):
+        router.get("/b", auth=TokenAuth("plugins_list"), operation_id="plugins_list")(lambda request: None)
+    with pytest.raises(ImproperlyConfigured, match="names no action"):
+        router.get("/c")(lambda request: None)
+
+
+@pytest.mark.django_db
+def test_a_route_enforces_what_the_table_says_now(client, home, monkeypatch):
+    from plugins_app.auth import ACTION_ROLES
+    from plugins_app.services.tokens import create_token
+
+    _, viewer = create_token("reader", "viewer")
+    assert client.get("/api/plugins", HTTP_AUTHORIZATION=f"Bearer {viewer}").status_code == 200
+    monkeypatch.setitem(ACTION_ROLES, "plugins_list", "owner")
+    r = client.get("/api/plugins", HTTP_AUTHORIZATION=f"Bearer {viewer}")
+    assert r.status_code == 403
+    assert r.json()["error"]["message"] == "this route needs the owner role; the token has viewer"
 
 
 @pytest.mark.django_db

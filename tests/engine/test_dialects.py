@@ -11,6 +11,7 @@ import pytest
 
 from engine import dialects
 from engine import hook_requests as R
+from engine.errors import validation_details
 from engine.overrides import restore_pinned
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "dialects").glob("*.json"))
@@ -125,4 +126,4 @@ def test_a_named_dialect_wins_and_plain_text_comes_back_without_librefangs_field
 def test_it_refuses_malformed_messages_in_the_agents_own_terms(request_, loc):
     with pytest.raises(R.ValidationError) as refused:
         R.accept("assemble", request_)
-    assert [d["loc"] for d in R.error_details(refused.value)] == [loc]
+    assert [d["loc"] for d in validation_details(refused.value.errors())] == [loc]

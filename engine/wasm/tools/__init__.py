@@ -1,9 +1,6 @@
 """AgentZero-style WASM tool plugins.
 
-    manifest.py   manifest.json and its rules; the package format (`package`)
-    installer.py  install a package (fetched or uploaded), unpacked under limits
-    installed.py  the installed tools, their state file, discovery and the view the API shows
-    run.py        run a tool once (with `module_hash_policy` checked every time)
+Its modules, one line each: docs/architecture.md, "Module map".
 """
 
 from engine.wasm.tools.installed import (

@@ -106,7 +106,7 @@ def export(cmd: Cli, name, output=None, **_) -> None:
 
 
 def state(cmd: Cli, name, wipe=False, **_) -> None:
-    from plugins_app.selectors.state import plugin_state
+    from plugins_app.selectors.plugin_data import plugin_state
 
     if wipe:
         r = plugin_service.wipe_state(name, actor=actor())

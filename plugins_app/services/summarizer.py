@@ -1,18 +1,13 @@
-"""What the web tier needs to answer a hook call without a worker: the deadline to wait for and the default
-engine's answer (engine/hook_policy.py), over the process's cached catalog and config (plugins_app/home.py). It
-imports no ContextEngine, so the web process never loads the hook runtimes (subprocess, zygote, wasmtime)."""
+"""The OpenAI-compatible chat client the default engine's compaction summarises with when `[llm]` of config.toml
+names an endpoint and a model (engine/ports.py `Summarizer`)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import urllib.request
 
 from engine.config import LlmConfig
-from engine.hook_policy import HookPolicy
-from plugins_app.home import catalog, config_cache
-from plugins_app.services.memory import DbMemoryStore
 
 
 class OpenAICompatibleSummarizer:
@@ -46,9 +41,3 @@ def summarizer_for(cfg: LlmConfig):
     if not (cfg.base_url and cfg.model):
         return None
     return OpenAICompatibleSummarizer(cfg, os.environ.get(cfg.api_key_env or "") or None)
-
-
-@functools.lru_cache(maxsize=1)
-def hook_policy() -> HookPolicy:
-    """The process's deadline and fallback (the worker's engine decides the same way: engine/stack.py)."""
-    return HookPolicy(catalog(), config_cache(), DbMemoryStore(), summarizer_for)
