@@ -37,7 +37,19 @@ $(SECCOMP_CHECK): $(STAMP)
 	fi
 	@touch $@
 
-READY := $(STAMP) $(NATIVE_SPARE) $(SECCOMP_CHECK)
+# A service that is not root gives its hooks identities of their own from its user's subordinate ids through
+# newuidmap/newgidmap (Debian: uidmap; engine/process/sandbox_userns.py). Installed here when we are root; otherwise
+# said, and such a service runs its hooks as its own user (sandbox.degraded) until it is installed.
+UIDMAP_CHECK := $(VENV)/.uidmap-checked
+$(UIDMAP_CHECK): $(STAMP)
+	@if ! command -v newuidmap >/dev/null 2>&1 || ! command -v newgidmap >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap >/dev/null; \
+		else echo "uidmap is missing (apt-get install uidmap as root): a service that is not root runs its hooks as its own user (sandbox.degraded)"; fi; \
+	fi
+	@touch $@
+
+READY := $(STAMP) $(NATIVE_SPARE) $(SECCOMP_CHECK) $(UIDMAP_CHECK)
 
 # Hermes Agent pins exact versions of its dependencies that cannot sit beside requirements.lock, so the test of its
 # adapter (tests/e2e/test_client_hermes.py) drives it in a venv of its own: hermes-requirements.lock (hash-checked),

@@ -13,6 +13,11 @@ With `--against TREE` (another checkout, e.g. `git worktree add /tmp/base 71929d
 rounds alternate between this tree and that one, each in a fresh process, so both see the same machine; the
 medians of the rounds are printed side by side with their ratio. This is the figure the containment's cost limit
 is stated in (docs/security.md: at most +10 %).
+
+With `--not-root` (run as root), rounds run this tree as an ordinary user instead, alternately with a subordinate
+range ("this": hooks as identities of their own, docs/security.md "A service that is not root") and without one
+("other": hooks as the service's own user). The user and its ranges exist only in a mount namespace of the round's
+own (/etc/passwd, group, subuid and subgid bound over there), as in tests/engine/test_sandbox_subids.py.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,7 +85,69 @@ def one_round(calls: int) -> dict:
         out[mode] = {"p50_ms": round(statistics.median(walls), 3), "own_cpu_ms": round((total - hook_cpu) / calls, 3),
                      "total_cpu_ms": round(total / calls, 3)}
     warmstart.shutdown()
+    from engine.process import sandbox
+
+    out["sandbox"] = sandbox.mode()
+    if out["sandbox"] == "subids":
+        out["one_off"] = _one_off_costs(sandbox)
     return out
+
+
+def _one_off_costs(sandbox) -> dict:
+    """A service that is not root: what making its user namespace costs (newuidmap + newgidmap, once per process that
+    starts hooks: what each call would pay if every hook's namespace were mapped by them), and what running a function
+    as its root costs (a fork of this process: a plugin's first call, install-deps, wipes); medians of 9, wall and
+    CPU (with the children's), ms."""
+    from engine.process import sandbox_userns
+
+    def timed(fn) -> tuple[float, float]:
+        started, cpu = time.perf_counter(), _self_ms() + _children_ms()
+        fn()
+        return (time.perf_counter() - started) * 1000, _self_ms() + _children_ms() - cpu
+
+    ids = (sandbox.mapped_ids(), os.getuid(), os.getgid())
+    made = [timed(lambda: os.close(sandbox_userns._make(*ids))) for _ in range(9)]
+    owned = [timed(lambda: sandbox.as_owner(os.getpid)) for _ in range(9)]
+    return {name: {"wall_ms": round(statistics.median(w for w, _ in runs), 3),
+                   "cpu_ms": round(statistics.median(c for _, c in runs), 3)}
+            for name, runs in (("user_namespace", made), ("as_owner", owned))}
+
+
+def _children_ms() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (u.ru_utime + u.ru_stime) * 1000
+
+
+NOT_ROOT_UID, NOT_ROOT_NAME = 1_700_000_777, "lf-bench"
+
+
+def _not_root_round(script: Path, calls: int, ranges: bool) -> subprocess.CompletedProcess:
+    """`script --round calls` as NOT_ROOT_NAME, in a mount namespace whose /etc names it and, with `ranges`, gives it
+    65,536 subordinate uids and gids."""
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    site = HERE / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    user = f"{NOT_ROOT_NAME}:x:{NOT_ROOT_UID}:{NOT_ROOT_UID}::/:/bin/false\n"
+    files = {"passwd": Path("/etc/passwd").read_text() + user,
+             "group": Path("/etc/group").read_text() + f"{NOT_ROOT_NAME}:x:{NOT_ROOT_UID}:\n",
+             "subuid": f"{NOT_ROOT_NAME}:1730000000:65536\n" if ranges else "",
+             "subgid": f"{NOT_ROOT_NAME}:1730000000:65536\n" if ranges else ""}
+    etc = Path(tempfile.mkdtemp(prefix="lf-bench-etc-"))
+    tmp = Path(tempfile.mkdtemp(prefix="lf-bench-tmp-"))  # the round's, removed here (its hooks' files are not its)
+    try:
+        os.chown(tmp, NOT_ROOT_UID, NOT_ROOT_UID)
+        os.chmod(etc, 0o755)
+        for name, text in files.items():
+            (etc / name).write_text(text)
+            os.chmod(etc / name, 0o644)
+        binds = " && ".join(f"mount --bind {etc / name} /etc/{name}" for name in files)
+        inner = f'{binds} && exec setpriv --reuid={NOT_ROOT_UID} --regid={NOT_ROOT_UID} --clear-groups "$@"'
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": str(tmp), "PYTHONPATH": f"{HERE}:{site}"}
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh", python,
+                               str(script), "--round", str(calls)], capture_output=True, text=True, check=True,
+                              cwd="/tmp", env=env)
+    finally:
+        shutil.rmtree(etc, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:
@@ -88,7 +156,8 @@ def main() -> int:
         print(json.dumps(one_round(int(args[1]))))
         return 0
     calls = int(args[0]) if args and not args[0].startswith("--") else 100
-    against = Path(args[args.index("--against") + 1]) if "--against" in args else None
+    not_root = "--not-root" in args
+    against = HERE if not_root else Path(args[args.index("--against") + 1]) if "--against" in args else None
     rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
     trees = [("this", HERE)] + ([("other", against)] if against else [])
     results: dict = {name: [] for name, _ in trees}
@@ -97,9 +166,15 @@ def main() -> int:
             script = tree / "bench" / "engine_cpu.py"
             if not script.exists():
                 script.write_text(Path(__file__).read_text())  # (a tree from before this script)
-            done = subprocess.run([sys.executable, str(script), "--round", str(calls)], capture_output=True,
-                                  text=True, check=True, cwd=tree)
+            if not_root:
+                done = _not_root_round(script, calls, ranges=name == "this")
+            else:
+                done = subprocess.run([sys.executable, str(script), "--round", str(calls)], capture_output=True,
+                                      text=True, check=True, cwd=tree)
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if not_root:
+        print("as an ordinary user: this = with a subordinate range, other = without one; sandbox modes:",
+              {name: sorted({r.get("sandbox") for r in runs}) for name, runs in results.items()})
     print(f"{calls} calls per round, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; medians of the rounds")
     for mode in ("warm", "cold"):
         for key in ("p50_ms", "own_cpu_ms", "total_cpu_ms"):
@@ -108,6 +183,10 @@ def main() -> int:
             if against:
                 line += f"   other {med['other']:7.3f}   this/other {med['this'] / med['other']:.3f}"
             print(line)
+    one_off = [r["one_off"] for runs in results.values() for r in runs if "one_off" in r]
+    for name in ("user_namespace", "as_owner") if one_off else ():
+        print(f"one-off {name:14} wall {statistics.median(o[name]['wall_ms'] for o in one_off):7.3f} ms   "
+              f"cpu {statistics.median(o[name]['cpu_ms'] for o in one_off):7.3f} ms")
     print(json.dumps(results))
     return 0
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.filecache import confine
 from engine.plugins.loader import read_manifest
-from engine.process import sandboxed_command
+from engine.process import plugin_files, sandboxed_command
 from engine.process.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
@@ -89,7 +88,10 @@ def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, st
         read_only=(pip,) if pip else (), network=True, home_dir=_home_of(data_dir)), timeout)
     log = ["$ " + " ".join(argv[:2] + ["<build the venv>"] + argv[3:]) + "\n" + out]
     if not ok:
-        _discard(staging)
+        try:
+            _discard(staging)
+        except OSError as exc:
+            log.append(f"cannot remove {staging}: {exc}")
         return False, _tail(log)
     try:  # the swap, outside the sandbox: renames in the plugin's own directory, following no link
         _discard(backup)
@@ -161,13 +163,9 @@ def _home_of(data_dir: Path) -> Path | None:
 
 
 def _discard(path: Path) -> None:
-    """Remove `path` whatever it is (a link is removed, never followed: the plugin's hooks may have put one there)."""
-    try:
-        shutil.rmtree(path)  # (refuses a link: OSError)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        path.unlink(missing_ok=True)
+    """Remove `path` whatever it is (a link is removed, never followed: the plugin's hooks may have put one there),
+    with what the build wrote there as the plugin's identity."""
+    plugin_files.discard(path)
 
 
 def _tail(parts: list[str]) -> str:

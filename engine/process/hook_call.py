@@ -41,8 +41,8 @@ class HookCall:
     # wasm runtime reads the manifest itself (engine/wasm/hooks.py).
     wasm_capabilities: tuple[str, ...] | None = None
     # The sandbox (docs/security.md). max_disk_mb: size of the private /tmp and /dev/shm and the largest file
-    # (DEFAULT_MAX_DISK_MB when None). uid/gid: the host identity a root service's hook drops to; None: the plugin's
-    # own from `[sandbox]` (engine/process/identity.py), never root nor the service's user either way.
+    # (DEFAULT_MAX_DISK_MB when None). uid/gid: the host identity the hook drops to (where it drops to one); None: the
+    # plugin's own (engine/process/identity.py), never root nor the service's user either way.
     max_disk_mb: int | None = None
     uid: int | None = None
     gid: int | None = None

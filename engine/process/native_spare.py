@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import resource
 
-WIRE = "lfspare/2"  # the program refuses another (a build from other sources): the python spare is used then
+from . import sandbox_userns
+
+WIRE = "lfspare/3"  # the program refuses another (a build from other sources): the python spare is used then
 READY = b"R"  # what the program says once the sandbox is prepared, before it waits for its call
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "native", "spare.c")
@@ -44,16 +46,21 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) 
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
     in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
     Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape
     fd = sock.fileno()
-    os.set_inheritable(fd, True)
+    # a service that is not root: its kept user namespace (engine/process/sandbox_userns.py), which the program joins
+    userns = sandbox_userns.kept(mapped, uid, gid) if user_ns and mapped else None
+    inherited = (fd,) if userns is None else (fd, userns)
+    for each in inherited:
+        os.set_inheritable(each, True)
     try:
-        argv = [path, WIRE, str(os.getpid()), str(fd), "1" if user_ns else "0", str(uid), str(gid), hide or "",
-                "1" if home_exists else "0", str(tmp_mb), (seccomp or b"").hex(), str(len(conceal)), *conceal,
-                *cgroups]
+        argv = [path, WIRE, str(os.getpid()), str(fd), f"@{userns}" if userns is not None else "1" if user_ns else "0",
+                str(uid), str(gid), hide or "", "1" if home_exists else "0", str(tmp_mb), (seccomp or b"").hex(),
+                str(len(conceal)), *conceal, *cgroups]
         return os.posix_spawn(path, argv, {}, setsid=True)
     finally:
-        os.set_inheritable(fd, False)
+        for each in inherited:
+            os.set_inheritable(each, False)
 
 
 def wait_ready(sock, timeout: float) -> bool:

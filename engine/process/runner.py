@@ -152,9 +152,10 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         rlimits.append(("RLIMIT_AS", mem, mem))
     if call.max_cpu_secs:
         rlimits.append(("RLIMIT_CPU", call.max_cpu_secs, call.max_cpu_secs + 1))
-    if mode == "userns":
+    if mode in ("userns", "subids"):
         # Inside a user namespace RLIMIT_NPROC counts the hook's own processes (Linux >= 5.14), init included: the
-        # process cap holds even where the call's pids cgroup could not be made.
+        # process cap holds even where the call's pids cgroup could not be made. In the namespace a service with
+        # subordinate ids keeps ("subids"), it counts the plugin's processes of all its calls at once.
         n = (call.max_processes or DEFAULT_MAX_PROCESSES) + 1
         rlimits.append(("RLIMIT_NPROC", n, n))
     covers = hook_view.covers(call.allow_filesystem) if isolate else ()
@@ -165,7 +166,8 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         env=env,
         rlimits=tuple(rlimits),
         isolate=isolate,
-        user_ns=mode == "userns",
+        user_ns=mode in ("userns", "subids"),
+        mapped=sandbox.mapped_ids() if isolate else (),
         new_net=new_net,
         hide=home if home != "/" else None,
         keep=tuple(_path_in_home(d) for d in own_dirs) + tuple(extra),
@@ -184,8 +186,9 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
 
 
 def hook_identity(call: HookCall) -> tuple[int, int] | None:
-    """The host (uid, gid) this call's hook drops to, or None where it cannot drop (the service is not root, or has
-    no namespaces: sandbox.degraded says so). Raises ValueError for a `[sandbox]` range over the service's uid."""
+    """The host (uid, gid) this call's hook drops to, or None where it cannot drop (the service is not root and has
+    no subordinate ids, or no namespaces: sandbox.degraded says so). Raises ValueError for a `[sandbox]` range over
+    the service's uid."""
     if not sandbox.uid_drop():
         return None
     if call.uid is None:
@@ -210,15 +213,21 @@ def _cgroup_limits(call: HookCall) -> tuple[int, int]:
 
 
 def _prepare_dirs(call: HookCall, script: Path, ids: tuple[int, int] | None) -> str | None:
-    """The hook's directories made ready for its identity (engine/process/hook_dirs.py); what went wrong, or None."""
+    """The hook's directories made ready for its identity (engine/process/hook_dirs.py); what went wrong, or None.
+    A service that is not root shares its data directory with the identity's group instead of handing it over."""
+    as_owner = sandbox.as_owner if ids is not None and sandbox.mode() == "subids" else None
+    private_tmp = not call.allow_filesystem
     if call.data_dir is not None:
         try:
-            hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=not call.allow_filesystem)
+            if as_owner is not None:
+                hook_dirs.prepare_shared_data_dir(call.data_dir, ids[1], as_owner, private_tmp=private_tmp)
+            else:
+                hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=private_tmp)
         except OSError as exc:
             return f"cannot prepare the plugin's data directory {call.data_dir}: {exc}"
     if ids is not None:
         try:
-            hook_dirs.make_readable(call.plugin_dir, script, ids[1])
+            hook_dirs.make_readable(call.plugin_dir, script, ids[1], as_owner)
         except OSError as exc:
             return f"cannot make the plugin's directory {call.plugin_dir} readable to its hooks: {exc}"
     return None

@@ -18,8 +18,10 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
   covered, the plugin's own directory (read-only) and its data directory (writable) bound back at the same paths,
   a private tmpfs on /tmp and /dev/shm (engine/process/sandbox_mounts.py).
 - its own IPC and UTS namespaces; an empty network namespace when `allow_network = false`.
-- a host identity of its own (a root service: `hook_uid`/`hook_gid`, its init drops to it too), no capabilities,
-  no_new_privs and the seccomp filter (engine/process/sandbox_seccomp.py), all before it runs anything.
+- a host identity of its own (`hook_uid`/`hook_gid`, its init drops to it too: a root service, or one that is not
+  root but has subordinate ids, whose hooks' namespaces are made inside the user namespace it keeps with them
+  mapped, engine/process/sandbox_userns.py), no capabilities, no_new_privs and the seccomp filter
+  (engine/process/sandbox_seccomp.py), all before it runs anything.
 - rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
   processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
   creates it with `Cgroups.create`; `enter` moves the hook in before anything else), or one the zygote's spare
@@ -42,7 +44,7 @@ import os
 import sys
 import threading
 
-from . import sandbox_seccomp
+from . import sandbox_seccomp, sandbox_userns
 from .sandbox_cgroups import Cgroups, _oom_killed, cgroups
 from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
 from .sandbox_libc import SetupError, libc
@@ -52,45 +54,71 @@ from .sandbox_tree import HOOK_DONE
 
 __all__ = [
     "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
-    "forget_probe", "kept_dirs", "libc", "make_netns", "mode", "network_isolation_available", "pre_enter", "probe",
-    "seccomp_filter", "shape_of", "uid_drop", "_oom_killed",
+    "forget_probe", "kept_dirs", "kept_userns_fds", "libc", "make_netns", "mapped_ids", "mode",
+    "network_isolation_available", "pre_enter", "probe", "seccomp_filter", "shape_of", "uid_drop", "as_owner",
+    "_oom_killed",
 ]
 
 
 # ---- in the service: what this OS allows, probed once -----------------------------------------------------------
 
 _probe_lock = threading.Lock()
-_probed: list = []  # [(mode, reasons)]: mode "root", "userns" or None (degraded)
+# [(mode, reasons, ranges)]: mode "root", "subids" (not root, its hooks' ids mapped from its subordinate ranges),
+# "userns" (not root, hooks as the service's own user) or None (degraded); ranges: the subordinate ids of "subids".
+_probed: list = []
 
 
 def probe() -> tuple:
-    """("root" | "userns" | None, reasons): how hooks are isolated here. Runs a real child once per process."""
-    if _probed:
-        return _probed[0]
-    with _probe_lock:
-        if not _probed:
-            _probed.append(_probe())
-    return _probed[0]
+    """("root" | "subids" | "userns" | None, reasons): how hooks are isolated here. Runs a real child once per
+    process."""
+    if not _probed:
+        with _probe_lock:
+            if not _probed:
+                _probed.append(_probe())
+    return _probed[0][:2]
 
 
 def _probe() -> tuple:
     if not sys.platform.startswith("linux"):
-        return None, [f"no namespaces on {sys.platform}: hooks can see the service's files and processes"]
+        return None, [f"no namespaces on {sys.platform}: hooks can see the service's files and processes"], ()
     if os.environ.get("LIBREFANG_SANDBOX_NAMESPACES", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, ["namespaces disabled by LIBREFANG_SANDBOX_NAMESPACES=0: hooks can see the service's files "
-                      "and processes, and processes they detach outlive them"]
+                      "and processes, and processes they detach outlive them"], ()
     if libc() is None:
-        return None, ["libc cannot be loaded: no namespaces"]
-    problems = []
-    attempts = [("root", False)] if os.geteuid() == 0 else []
-    attempts.append(("userns", True))
-    for mode, user_ns in attempts:
-        error = _try(SandboxSpec(cwd="/", isolate=True, user_ns=user_ns, uid=os.getuid(), gid=os.getgid()))
+        return None, ["libc cannot be loaded: no namespaces"], ()
+    uid, gid = os.getuid(), os.getgid()
+    problems, missing = [], "the service is root but was refused namespaces outside a user namespace"
+    if os.geteuid() == 0:
+        error = _try(SandboxSpec(cwd="/", isolate=True, uid=uid, gid=gid))
         if error is None:
-            return mode, []
-        problems.append(f"{'user namespace' if user_ns else 'namespaces'}: {error}")
+            return "root", [], ()
+        problems.append(f"namespaces: {error}")
+    else:
+        ranges, missing = sandbox_userns.service_ranges(uid, gid)
+        if ranges is not None:
+            missing = _try_subids(ranges, uid, gid)
+            if missing is None:
+                return "subids", [], ranges
+    error = _try(SandboxSpec(cwd="/", isolate=True, user_ns=True, uid=uid, gid=gid))
+    if error is None:
+        return "userns", [f"hooks have no host identity of their own: {missing}; they run as the service's own "
+                          "user (mapped into a user namespace) and the files they write are the service user's "
+                          "(docs/security.md, \"A service that is not root\")"], ()
+    problems.append(f"user namespace: {error}")
     return None, ["this OS refuses namespaces to the service (" + "; ".join(problems) + "): hooks can see the "
-                  "service's files and processes, and processes they detach outlive them"]
+                  "service's files and processes, and processes they detach outlive them"], ()
+
+
+def _try_subids(ranges: tuple, uid: int, gid: int) -> str | None:
+    """None if a hook runs here as the first identity of `ranges`, inside the kept user namespace; else why not."""
+    try:
+        sandbox_userns.kept(ranges, uid, gid)  # made here: the children below (and every later one) inherit it
+    except (SetupError, OSError) as exc:
+        return f"the service is not root and its hooks' user namespace could not be made ({exc})"
+    error = _try(SandboxSpec(cwd="/", isolate=True, user_ns=True, mapped=ranges, uid=uid, gid=gid,
+                             hook_uid=ranges[0][0], hook_gid=ranges[1][0]))
+    return None if error is None else (f"the service is not root and a hook could not run as {ranges[0][0]} in its "
+                                       f"user namespace ({error})")
 
 
 def _try(spec: SandboxSpec) -> str | None:
@@ -127,23 +155,39 @@ def mode() -> str | None:
     return probe()[0]
 
 
+def mapped_ids() -> tuple:
+    """((uid start, count), (gid start, count)): the subordinate ids the hooks' identities come from, where the service
+    is not root ("subids"); () elsewhere."""
+    probe()
+    return _probed[0][2]
+
+
+def kept_userns_fds() -> tuple:
+    """Descriptors of the user namespaces this process keeps (`mapped_ids`), which a child must keep until it joined."""
+    return sandbox_userns.kept_fds()
+
+
+def as_owner(fn, *args):
+    """`fn(*args)` run as root of the kept user namespace (a service that is not root, "subids"), in a child: it may
+    chown the service's files and its hooks' to their identities, and read or remove what they wrote. Returns what
+    `fn` returned (JSON-serialisable); raises OSError."""
+    return sandbox_userns.as_owner(mapped_ids(), os.getuid(), os.getgid(), fn, *args)
+
+
 def degraded_reasons() -> list:
     """Why hooks run with less than the whole sandbox here ([] when they get all of it): no namespaces, no host
-    identity of their own, no seccomp filter. For every trace, the doctor, /api/health and the dashboard banner."""
+    identity of their own (the service is not root and has no subordinate ids: what is missing, and how to add it),
+    no seccomp filter. For every trace, the doctor, /api/health and the dashboard banner."""
     found, reasons = probe()
     reasons = list(reasons)
-    if found == "userns":
-        reasons.append("the service is not root: hooks run as the service's own user (mapped into a user "
-                       "namespace), not as an unprivileged uid of their own, and the files they write are the "
-                       "service user's (run the service as root: docs/security.md)")
     if found is not None and seccomp_filter() is None:
         reasons.append(f"no seccomp filter for hooks: {sandbox_seccomp.compiled()[1]}")
     return reasons
 
 
 def uid_drop() -> bool:
-    """Whether hooks drop to a host uid of their own here (the service is root and isolates them)."""
-    return mode() == "root"
+    """Whether hooks drop to a host uid of their own here (the service is root, or has subordinate ids)."""
+    return mode() in ("root", "subids")
 
 
 def seccomp_filter() -> bytes | None:

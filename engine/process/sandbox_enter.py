@@ -13,7 +13,7 @@ import resource
 import signal
 from dataclasses import asdict, dataclass, field
 
-from . import sandbox_seccomp
+from . import sandbox_seccomp, sandbox_userns
 from .sandbox_libc import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -48,6 +48,7 @@ class SandboxSpec:
     rlimits: tuple = ()  # ((name, soft, hard), ...) with name an attribute of `resource`, e.g. "RLIMIT_AS"
     isolate: bool = False  # own PID + mount namespace, fresh /proc, home hidden, no capabilities
     user_ns: bool = False  # create a user namespace first (the service is not root)
+    mapped: tuple = ()  # ... or join the kept one of its subordinate ids (engine/process/sandbox_userns.py)
     new_net: bool = False  # empty network namespace (allow_network = false)
     hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
     keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir, launcher), read-only ...
@@ -57,7 +58,7 @@ class SandboxSpec:
     cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
     gid: int = 0
-    hook_uid: int = -1  # the unprivileged host identity the hook drops to (a root service); -1: none
+    hook_uid: int = -1  # the unprivileged host identity the hook drops to (engine/process/identity.py); -1: none
     hook_gid: int = -1
     conceal: tuple = ()  # directories and files covered (engine/process/sandbox_mounts.py), beyond the home
     tmp_mb: int = 0  # size of the private /tmp and /dev/shm (0: none)
@@ -68,7 +69,7 @@ class SandboxSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits", "conceal"}
+        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits", "conceal", "mapped"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 
@@ -93,10 +94,7 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
         if lib is None:
             raise SetupError("no libc")
         kept = kept_dirs(spec)  # resolved while everything is visible
-        flags = NAMESPACES | (CLONE_NEWNET if spec.new_net else 0)
-        _check(lib.unshare(flags | (CLONE_NEWUSER if spec.user_ns else 0)), "unshare")
-        if spec.user_ns:
-            _map_ids(spec.uid, spec.gid)
+        unshare(lib, NAMESPACES | (CLONE_NEWNET if spec.new_net else 0), spec.user_ns, spec.mapped, spec.uid, spec.gid)
         view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
         bind_kept(lib, view, kept)
         _split_keeper_init_hook(lib, done_fd, (spec.hook_uid, spec.hook_gid))  # returns in the hook only
@@ -141,6 +139,18 @@ def _load_seccomp(lib) -> None:
     if program is None:
         raise SetupError(f"no seccomp filter: {why}")
     _check(sandbox_seccomp.load(lib, program), "seccomp")
+
+
+def unshare(lib, flags: int, user_ns: bool, mapped: tuple, uid: int, gid: int) -> None:
+    """The namespaces of `flags`, in a user namespace when `user_ns` (the service is not root): the service's kept
+    one when `mapped` (its subordinate ids: the hook drops to its plugin's), else a new one mapping its own ids."""
+    if mapped:
+        sandbox_userns.enter(lib, mapped, uid, gid)
+        _check(lib.unshare(flags), "unshare")
+        return
+    _check(lib.unshare(flags | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    if user_ns:
+        _map_ids(uid, gid)
 
 
 def _map_ids(uid: int, gid: int) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import signal
 
-from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
+from . import sandbox_userns
+from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, empty_bounding_set, unshare
 from .sandbox_libc import (
     CLONE_NEWNET,
     CLONE_NEWUSER,
@@ -36,11 +37,15 @@ from .sandbox_tree import (
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
     """What `pre_enter` prepares ahead of a call: the same for every call of one service (and one kind of filesystem
-    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces).
+    A service that is not root with subordinate ids (`mapped`) has its kept user namespace made here, in the zygote or
+    spawner, so that the spares it forks or spawns inherit it."""
     if not spec.isolate:
         return None
+    if spec.mapped:
+        sandbox_userns.kept(spec.mapped, spec.uid, spec.gid)
     return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
-            tuple(spec.conceal), spec.tmp_mb)
+            tuple(spec.conceal), spec.tmp_mb, spec.mapped)
 
 
 def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
@@ -55,16 +60,14 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
     code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape
     lib = libc()
     if lib is None:
         raise SetupError("no libc")
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(137)
-    _check(lib.unshare(NAMESPACES | (CLONE_NEWUSER if user_ns else 0)), "unshare")
-    if user_ns:
-        _map_ids(uid, gid)
+    unshare(lib, NAMESPACES, user_ns, mapped, uid, gid)
     view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb)
     status_r, status_w = os.pipe()
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
@@ -109,14 +112,18 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     return call, fds
 
 
-def make_netns() -> int | None:
+def make_netns(shape: tuple | None = None) -> int | None:
     """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
     and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
     kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
-    sockets, for one, are per network namespace); a hook has no capability left to change it."""
+    sockets, for one, are per network namespace); a hook has no capability left to change it. A service that is
+    not root makes it in its kept user namespace (`shape`'s, engine/process/sandbox_userns.py), where its hooks'
+    spares may enter it."""
     lib = libc()
     if lib is None:
         return None
+    mapped = shape[7] if shape is not None and shape[0] else ()
+    userns = sandbox_userns.kept(mapped, shape[1], shape[2]) if mapped else None
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = _fork()
@@ -124,7 +131,8 @@ def make_netns() -> int | None:
         try:
             os.close(ready_r)
             os.close(hold_w)
-            os.write(ready_w, b"1" if lib.unshare(CLONE_NEWNET) == 0 else b"0")
+            joined = userns is None or lib.setns(userns, CLONE_NEWUSER) == 0
+            os.write(ready_w, b"1" if joined and lib.unshare(CLONE_NEWNET) == 0 else b"0")
             os.read(hold_r, 1)  # until the parent has opened it (or died)
         finally:
             os._exit(0)

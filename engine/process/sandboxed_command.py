@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.filecache import real_path
 from engine.home import Home
-from engine.process import hook_dirs, hook_view, identity, sandbox
+from engine.process import hook_dirs, hook_view, identity, plugin_files, sandbox
 from engine.process.runner import (
     DEFAULT_MAX_DISK_MB,
     DEFAULT_MAX_MEMORY_MB,
@@ -40,9 +40,13 @@ def run(command: Command, timeout: float) -> tuple[bool, str]:
     ids = identity.plugin_ids(command.home_dir, command.plugin)
     try:
         if ids is not None:
-            hook_dirs.make_readable(command.cwd, None, ids[1])
+            as_owner = plugin_files.privileged()
+            hook_dirs.make_readable(command.cwd, None, ids[1], as_owner)
             for path in command.writable:
-                hook_dirs.hand_over(path, ids)
+                if as_owner is None:
+                    hook_dirs.hand_over(path, ids)
+                else:
+                    as_owner(hook_dirs.hand_over, path, ids)
     except OSError as exc:
         return False, f"cannot prepare the plugin's directories for its identity: {exc}"
     spec = _spec(command, ids)
@@ -82,7 +86,8 @@ def _spec(command: Command, ids: tuple[int, int] | None) -> sandbox.SandboxSpec:
             *(hook_view.bound_back(command.argv[0], covers, command.network) if isolate else ()))
     return sandbox.SandboxSpec(
         cwd=str(command.cwd), env=command.env, rlimits=(("RLIMIT_FSIZE", disk, disk),), isolate=isolate,
-        user_ns=mode == "userns", new_net=not command.network and sandbox.network_isolation_available(),
+        user_ns=mode in ("userns", "subids"), mapped=sandbox.mapped_ids() if isolate else (),
+        new_net=not command.network and sandbox.network_isolation_available(),
         hide=home if home != "/" else None, keep=keep, writable=tuple(map(str, command.writable)),
         cgroup_limits=((DEFAULT_MAX_MEMORY_MB * 1024 * 1024, DEFAULT_MAX_PROCESSES + 2)
                        if sandbox.cgroups.available() and isolate else ()),

@@ -44,7 +44,7 @@ def _setup_child(spec, fds, zygote_pid, sandbox):
     Returns (after the sandbox) the exec error pipe in exec mode, else None; the rest is the caller's."""
     os.setsid()
     done, exec_error = fds[3], (fds[4] if len(fds) > 4 else None)
-    _take_stdio(fds[:3], (done, exec_error))
+    _take_stdio(fds[:3], (done, exec_error, *sandbox.kept_userns_fds()))  # (closed once joined)
     box = sandbox.SandboxSpec.from_dict(spec["sandbox"])
     try:
         sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process

@@ -254,14 +254,14 @@ def _serve(ctl, sandbox, spare_program=None):
                             if spare_shape is not None:
                                 spec["kept"] = sandbox.kept_dirs(box_spec)  # seen here
                                 to_send = [*fds[1:4], *fds[4:]]
-                                if box.get("new_net") and not spare_shape[0]:  # not in a user namespace: see
-                                    plugin = box["cwd"]                       # sandbox.make_netns
+                                if box.get("new_net") and (not spare_shape[0] or spare_shape[7]):  # no user
+                                    plugin = box["cwd"]  # namespace of its own (sandbox.make_netns)
                                     if plugin in netns:
                                         netns[plugin] = netns.pop(plugin)
                                         spec["netns"] = len(to_send)
                                         to_send = [*to_send, netns[plugin]]
                                     else:
-                                        make_netns_for = plugin
+                                        make_netns_for = plugin, spare_shape
                             if spare_native:
                                 raw = native_spare.encode_call(spec, spec.get("netns"))
                             else:
@@ -312,9 +312,9 @@ def _serve(ctl, sandbox, spare_program=None):
                 sel.register(done_r, selectors.EVENT_READ, child)
                 send_line(reply, {"pid": pid})
                 if make_netns_for is not None:  # for the plugin's next calls (this one made its own)
-                    fd = sandbox.make_netns()
+                    fd = sandbox.make_netns(make_netns_for[1])
                     if fd is not None:
-                        netns[make_netns_for] = fd
+                        netns[make_netns_for[0]] = fd
                         while len(netns) > _MAX_NETNS:
                             os.close(netns.pop(next(iter(netns))))
             elif key.data == "child":

@@ -23,6 +23,7 @@ from engine.plugins import install as I
 from engine.plugins.catalog import DISABLED_MARKER
 from engine.plugins.manifest import NAME_RE, ManifestError
 from engine.plugins.scaffold import ScaffoldError, plan
+from engine.process import plugin_files
 from plugins_app import bus, events
 from plugins_app.errors import PluginError
 from plugins_app.home import catalog as plugin_catalog
@@ -355,29 +356,18 @@ def update_check(name: str) -> dict:
 def wipe_state(name: str, actor: str) -> dict:
     """Empty the plugin's data directory ($LIBREFANG_HOME/plugin_data/<name>: per-agent state files, bootstrap
     overrides, anything its hooks wrote there). The directory itself stays, and so do what the service keeps there
-    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/plugin_data.py SERVICE_OWNED)."""
+    (the plugin's virtualenv, its last good manifest: plugins_app/selectors/plugin_data.py SERVICE_OWNED). What the
+    hooks wrote is their identity's: engine/process/plugin_files.py removes it (a service that is not root, as root
+    of its user namespace); what could not be removed is said (409 `state_wipe_incomplete`), never passed over."""
     from plugins_app.selectors.plugin_data import SERVICE_OWNED
 
     require_installed(name)
     root = home().data_dir(name)
-    removed, freed = 0, 0
-    if root.is_dir() and not root.is_symlink():
-        for child in [c for c in root.iterdir() if c.name not in SERVICE_OWNED]:
-            for dirpath, _dirs, files in os.walk(child) if child.is_dir() and not child.is_symlink() else []:
-                for f in files:
-                    try:
-                        freed += os.lstat(os.path.join(dirpath, f)).st_size
-                        removed += 1
-                    except OSError:
-                        pass
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                try:
-                    freed += child.lstat().st_size
-                    removed += 1
-                    child.unlink()
-                except OSError:
-                    pass
+    try:
+        done = plugin_files.wipe(root, SERVICE_OWNED)
+    except OSError as exc:
+        raise PluginError("state_wipe_incomplete", f"the data directory of {name!r} was not emptied: {exc}",
+                          409) from exc
+    removed, freed = done["files_removed"], done["bytes_freed"]
     record_change(name, "state_wiped", actor, "plugin.state_wipe", {"files_removed": removed, "bytes_freed": freed})
     return {"plugin": name, "wiped": True, "files_removed": removed, "bytes_freed": freed, "path": str(root)}

@@ -1,8 +1,9 @@
-"""A service that is not root (docs/security.md, "A service that is not root"): the engine run as an ordinary user
-(a subprocess under `setpriv`, with its own $LIBREFANG_HOME) isolates its hooks in an unprivileged user namespace.
-What holds there: their own PID/mount/IPC namespaces, the read-only view with the service's home concealed, a
-private /tmp, no capabilities and the seccomp filter. What does not, and is said: they run as the service's own
-user (`sandbox.degraded`)."""
+"""A service that is not root and has no subordinate ids (docs/security.md, "A service that is not root"): the engine
+run as an ordinary user (a subprocess under `setpriv`, with its own $LIBREFANG_HOME, a uid with no user name) isolates
+its hooks in an unprivileged user namespace. What holds there: their own PID/mount/IPC namespaces, the read-only view
+with the service's home concealed, a private /tmp, no capabilities and the seccomp filter. What does not, and is
+said with what is missing: they run as the service's own user (`sandbox.degraded`). With subordinate ids they run as
+identities of their own: tests/engine/test_sandbox_subids.py."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ def test_a_service_that_is_not_root_isolates_its_hooks_and_says_what_it_cannot(o
     assert "CapEff:\t0000000000000000" in hook["status"] and "Seccomp:\t2" in hook["status"]
     # what does not, said loudly: the hook is the service's own user on the host
     assert hook["uid"] == USER
-    assert any("not root" in reason for reason in seen["reasons"]), seen["reasons"]
+    assert any(f"uid {USER} has no user name" in reason and "run as the service's own user" in reason
+               for reason in seen["reasons"]), seen["reasons"]
     assert seen["warnings"] and "sandbox.degraded" in seen["warnings"][0]
     assert (home / "plugin_data" / "probe" / "x").stat().st_uid == USER

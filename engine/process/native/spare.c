@@ -7,8 +7,10 @@
  * Why C: a python fork of the spawner costs its page tables and copy-on-write faults, three times per call (keeper,
  * init, the hook before its exec); this program is a few pages (docs/architecture.md, "The sandbox").
  *
- * argv: WIRE parent_pid socket_fd user_ns(0|1) uid gid hide home_exists(0|1) tmp_mb seccomp(hex BPF or "")
+ * argv: WIRE parent_pid socket_fd user_ns uid gid hide home_exists(0|1) tmp_mb seccomp(hex BPF or "")
  *       n_conceal conceal... [cgroup directory ...]
+ * user_ns: 0 (none), 1 (a new one mapping uid and gid to themselves) or @fd (the spawner's kept user namespace, its
+ * subordinate ids mapped: engine/process/sandbox_userns.py; joined, then the other namespaces made in it).
  * The view is engine/process/sandbox_mounts.py's, step for step (prepare_view ahead of the call, bind_kept on it);
  * the hook's identity, capabilities and seccomp filter are engine/process/sandbox_enter.py `_enter_last`'s.
  * The call arrives on socket_fd: one message whose data is the encoded call's length (4 bytes, big-endian) and whose
@@ -44,7 +46,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
-#define WIRE "lfspare/2"
+#define WIRE "lfspare/3"
 #define READY "R" /* never the first byte of a wait status (low byte: 0, or a signal below 65) */
 #define SETUP_FAILED 126
 #define MAX_FDS 8
@@ -660,6 +662,7 @@ int main(int argc, char **argv) {
     if (argc < 12 || strcmp(argv[1], WIRE) != 0) return 2;
     pid_t parent = (pid_t)atoi(argv[2]);
     int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
+    int kept_userns = argv[4][0] == '@' ? atoi(argv[4] + 1) : -1;
     long tmp_mb = atol(argv[9]);
     int n_conceal = atoi(argv[11]);
     if (n_conceal < 0 || n_conceal > MAX_COVERS || 12 + n_conceal > argc || parse_filter(argv[10]) != 0) return 2;
@@ -669,7 +672,7 @@ int main(int argc, char **argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    close_all_but(3, sock, -1);
+    close_all_but(3, sock, kept_userns);
     for (int i = 12 + n_conceal; i < argc; i++) { /* first: everything this process starts is counted */
         char path[4096];
         snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]);
@@ -677,6 +680,10 @@ int main(int argc, char **argv) {
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() != parent) _exit(137);
+    if (kept_userns >= 0) { /* as its root: the hook drops to its plugin's identity from the mapped range */
+        if (setns(kept_userns, CLONE_NEWUSER) != 0) _exit(0);
+        close(kept_userns);
+    }
     if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (user_ns ? CLONE_NEWUSER : 0)) != 0)
         _exit(0);
     if (user_ns) {
