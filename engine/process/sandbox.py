@@ -144,7 +144,9 @@ def degraded_reasons() -> list:
                        "service user's (run the service as root: docs/security.md)")
     if found is not None and seccomp_filter() is None:
         reasons.append(f"no seccomp filter for hooks: {sandbox_seccomp.compiled()[1]}")
-    return reasons
+    from . import data_disks  # (in the service only: the helpers never report)
+
+    return reasons + data_disks.degraded_reasons()
 
 
 def uid_drop() -> bool:
