@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.process import data_disks
+
 BACKOFF_FIRST_SECS = 0.5
 BACKOFF_MAX_SECS = 30.0
 STABLE_AFTER_SECS = 60.0  # a child that ran this long restarts after BACKOFF_FIRST_SECS again
@@ -94,6 +96,7 @@ class Supervisor:
         self.slots = slots
         self.listener = listener  # our copy of daphne's listening socket (closed when stopping)
         self.env = env
+        self.home = home
         self.status_file = status_path(home)
         self.started_at = time.time()
         self.stop_signal: int | None = None
@@ -185,6 +188,7 @@ class Supervisor:
         for slot in self.slots:
             if slot.proc is not None:
                 _kill_group(slot.proc.pid)  # anything the child left in its process group
+        data_disks.release_all(self.home / "plugin_data")  # no mount of ours outlives the service (their images stay)
         try:
             self.status_file.unlink()
         except FileNotFoundError:

@@ -14,6 +14,7 @@ from engine.filecache import tree_size
 from engine.plugins.catalog import LAST_GOOD_FILE
 from engine.plugins.permissions import masked_env
 from engine.plugins.requirements import VENV_DIRS
+from engine.process import data_disks
 from plugins_app.home import catalog as plugin_catalog
 from plugins_app.home import config_cache, home
 from plugins_app.models import HookTrace
@@ -62,7 +63,9 @@ def plugin_state(name: str) -> dict:
     venv = root / VENV_DIRS[0]
     return {"plugin": name, "path": str(root), "exists": root.is_dir(), "size_bytes": total, "file_count": count,
             "files": files, "files_truncated": count > len(files), "agents_with_state": agents,
-            "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0}}
+            "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0},
+            # its own filesystem (engine/process/data_disks.py): None until its first hook, or where it cannot be
+            "disk": data_disks.usage(root), "disk_unavailable": data_disks.unavailable()}
 
 
 def plugin_env(name: str) -> dict:
