@@ -8,6 +8,7 @@ disk nor hook semantics.
     hook_view.py           what a hook's view conceals and binds back (the policy's paths, docs/security.md)
     identity.py            the host uid/gid a plugin's hooks run as ([sandbox] in config.toml)
     hook_dirs.py           the hook's directories made ready for that identity, outside the sandbox
+    data_disks.py          each plugin's data directory a filesystem of its own (a loop-mounted image), size-capped
     sandboxed_command.py   a plugin's non-hook command (install-deps' build) in the same sandbox
     hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
     sandbox.py             what a hook's sandbox is, probing, and the names its callers use from:
