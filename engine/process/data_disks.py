@@ -86,7 +86,8 @@ def ensure(data_dir: Path, size_mb: int) -> None:
         try:
             with _locked(Path(data_dir).parent / DISKS) as disks:
                 dev, note = _make_ready(Path(data_dir), disks, size_mb)
-        except (OSError, DiskError, subprocess.SubprocessError) as exc:
+        except (OSError, DiskError, subprocess.SubprocessError, RecursionError) as exc:
+            # (RecursionError: a directory from before nested deeper than the move walks; it stays as it is)
             _notes[key] = (f"not size-capped: {_describe(exc)}", size_mb, time.monotonic() + RETRY_SECS)
             return
         _ready[key] = (dev, size_mb)
@@ -224,7 +225,7 @@ def _make_ready(data_dir: Path, disks: Path, size_mb: int) -> tuple[int, str | N
         try:
             moved = _Move(under, target, fresh)
             moved.run()
-        except (OSError, DiskError):
+        except (OSError, DiskError, RecursionError):
             if fresh:  # the directory stays as it was, uncapped; the next try starts again
                 _detach_all(target)
                 image.unlink(missing_ok=True)
@@ -454,8 +455,10 @@ def _probe() -> str | None:
         return f"turned off ({SWITCH}=0)"
     if not sys.platform.startswith("linux"):
         return f"no loop devices on {sys.platform}"
-    if os.geteuid() != 0 or not _capable(_CAP_SYS_ADMIN):
+    if os.geteuid() != 0:
         return "the service is not root (each is a loop-mounted image, which needs root)"
+    if not _capable(_CAP_SYS_ADMIN):
+        return "the service has no CAP_SYS_ADMIN (each is a loop-mounted image, which needs it)"
     if not os.path.exists("/dev/loop-control"):
         return "this system has no loop devices (/dev/loop-control is missing)"
     search = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
@@ -529,6 +532,8 @@ def _run(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "what the directory held is nested too deeply to be moved into an image"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
     return str(exc) or type(exc).__name__
