@@ -185,3 +185,30 @@ def test_where_the_images_cannot_be_made_hooks_run_and_the_service_says_so(tmp_p
         assert status == 200 and "not size-capped" in json.dumps(doctor), doctor
     finally:
         svc.stop()
+
+
+def test_librefang_start_releases_its_data_disks_when_it_stops(tmp_path):
+    """`make run` as root: hooks get their disks; SIGTERM stops everything and leaves no mount behind (the images
+    keep what the plugins kept, for the next start)."""
+    from tests.e2e.test_supervisor import Supervised, wait_for
+
+    service = Supervised(tmp_path)
+    try:
+        (service.home / "config.toml").write_text(LIMITS + "\n")
+        service.start()
+        make_plugin(service.home / "plugins", "started", {"ingest": WRITE})
+        status, body = service.request("PUT", "/api/context-engine/config", {"plugin": "started"})
+        assert status == 200, body
+        status, body = service.request("POST", "/api/context-engine/hooks/ingest",
+                                       {"agent_id": "a", "message": json.dumps({"name": "k.txt", "text": "kept"})},
+                                       timeout=60)
+        assert status == 200 and body["source"] == "started", body
+        seen = json.loads(body["memories"][0]["content"])
+        data = service.home / "plugin_data" / "started"
+        assert mounts_at(data) == 1 and 36 << 20 < seen["size"] <= CAP_MB << 20
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.proc.wait(timeout=60) == 0
+        wait_for(lambda: not service.leftovers(), 10, "no process left behind")
+        assert mounts_at(data) == 0 and (service.home / "plugin_data" / ".disks" / "started.img").exists()
+    finally:
+        service.kill_everything()
