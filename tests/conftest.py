@@ -1,6 +1,5 @@
 import os
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,22 @@ def pytest_runtest_teardown(item, nextitem):
         data_disks.release_all(tmp_path)
 
 
+_RUN_ROOTS: list[Path] = []
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _no_data_disk_outlives_the_run(tmp_path_factory):
-    """Whatever a module's or the session's service mounted (and anything a test left), released at the very end:
-    no mount of ours stays on the machine after a run."""
-    yield
-    for root in (tmp_path_factory.getbasetemp(), os.environ.get("LIBREFANG_TEST_ROOT")):
-        left = data_disks.release_all(Path(root)) if root else []
-        if left:
-            warnings.warn(f"data disks still mounted at the end of the run, released now: {left}", stacklevel=1)
+def _the_runs_temporary_directories(tmp_path_factory):
+    _RUN_ROOTS.append(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session):
+    """Whatever a service or a test left mounted, released once everything is torn down: no mount of ours stays on
+    the machine after a run (tests/mount_namespace.py keeps them out of the host's view meanwhile)."""
+    roots = [*_RUN_ROOTS, *([Path(os.environ["LIBREFANG_TEST_ROOT"])] if os.environ.get("LIBREFANG_TEST_ROOT") else [])]
+    left = [point for root in roots for point in data_disks.release_all(root)]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if left and reporter is not None:
+        reporter.write_line(f"data disks still mounted at the end of the run, released now: {left}", yellow=True)
 
 
 @pytest.fixture
