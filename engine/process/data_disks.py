@@ -162,14 +162,17 @@ def release_all(root: Path) -> list[str]:
     top = os.path.realpath(root)
     released = []
     with _lock:
+        found: dict[str, list[str]] = {}  # `.disks` -> its images' mount points under `top`
         for point, _fstype, source in _mounts():
-            if _under(point, top) and _our_image(source) is not None and _umount(point):
-                released.append(point)
-        for parent in {os.path.dirname(p) for p in released}:
+            if _under(point, top) and _our_image(source) is not None:
+                found.setdefault(os.path.join(os.path.dirname(point), DISKS), []).append(point)
+        for disks, points in found.items():
             try:
-                _bump(Path(parent) / DISKS)
-            except OSError:
-                pass
+                with _locked(Path(disks)):
+                    released += [point for point in points if _umount(point)]
+                    _bump(Path(disks))
+            except OSError:  # (its home is going away)
+                released += [point for point in points if _umount(point)]
         for key in [k for k in _ready if _under(os.path.realpath(k), top)]:
             del _ready[key]
     return released
@@ -222,15 +225,19 @@ def _make_ready(data_dir: Path, disks: Path, size_mb: int) -> tuple[int, str | N
     try:
         _run(["mount", "-n", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), target])
         _bump(disks)
+        moved = _Move(under, target, fresh)
         try:
-            moved = _Move(under, target, fresh)
-            moved.run()
-        except (OSError, DiskError, RecursionError):
-            if fresh:  # the directory stays as it was, uncapped; the next try starts again
-                _detach_all(target)
-                image.unlink(missing_ok=True)
-                _bump(disks)
+            moved.copy()
+        except (OSError, DiskError, RecursionError) as exc:
+            if not fresh:  # its image is mounted, with what it had; the rest stays under the mount point
+                return os.lstat(target).st_dev, ((note + "; ") if note else "") + (
+                    f"what its directory held before this mount stays under the mount point: {_describe(exc)}")
+            _detach_all(target)  # the directory stays as it was, uncapped; the next try starts again
+            image.unlink(missing_ok=True)
+            _bump(disks)
             raise
+        # Only once everything is in the image: what fails from here on is at worst in both places.
+        moved.remove_originals()
         # The directory under the mount point is no hook's: a view that binds it (it cannot, engine/process/
         # sandbox_spare.py shape_of) would not be writable to the hook, rather than writable without a cap.
         os.fchown(under, 0, 0)
@@ -293,11 +300,17 @@ def _resize_unmounted(image: Path, size_mb: int) -> str | None:
     if _attached(image):
         return (f"its image stays at {have >> 20} MB (the ceiling is {size_mb} MB): a process still holds its "
                 "filesystem (a loop device is attached to it)")
-    _run(["e2fsck", "-f", "-p", str(image)], ok=(0, 1))
+    try:
+        _run(["e2fsck", "-f", "-p", str(image)], ok=(0, 1))
+    except DiskError as exc:  # mounted as it is: the kernel copes, resize2fs would not
+        return f"its image stays at {have >> 20} MB (the ceiling is {size_mb} MB): {exc}"
     if want > have:
-        if os.stat(image).st_size < want:
-            os.truncate(image, want)
-        _run(["resize2fs", str(image), f"{size_mb}M"])
+        try:
+            if os.stat(image).st_size < want:
+                os.truncate(image, want)
+            _run(["resize2fs", str(image), f"{size_mb}M"])
+        except (OSError, DiskError) as exc:
+            return f"its image stays at {have >> 20} MB (the ceiling is {size_mb} MB): {_describe(exc)}"
         return None
     try:
         _run(["resize2fs", str(image), f"{size_mb}M"])
@@ -320,24 +333,32 @@ class _Move:
         self.inside: dict[tuple[int, int], int] = {}  # links found inside, of each file that has several
         self.kept, self.kept_names = 0, []
 
-    def run(self) -> None:
+    def copy(self) -> None:
+        """Everything into the image (raises OSError, DiskError; nothing is removed yet)."""
+        self.skip: set[str] = set()
+        if self.fresh:
+            _rmdir_lost_found(self.target)
         if not os.listdir(self.under):
-            if self.fresh:
-                _rmdir_lost_found(self.target)
             return
         root = os.open(self.target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             blocks, entries = _usage(self.under, self.inside)
             if self.fresh:
-                _rmdir_lost_found(self.target)
                 fs = os.fstatvfs(root)
                 if blocks * 512 > fs.f_bavail * fs.f_frsize or entries > fs.f_favail:
                     raise DiskError(f"the directory holds {blocks * 512 >> 20} MB in {entries} entries, more than its "
                                     f"image of {(fs.f_blocks * fs.f_frsize) >> 20} MB takes ([limits] max_disk_mb)")
-            skip = self._copy_dir(self.under, root, "")
-            self._remove(self.under, "", skip)
+            self.skip = self._copy_dir(self.under, root, "")
         finally:
             os.close(root)
+
+    def remove_originals(self) -> None:
+        """What was copied, removed from under the mount point (what was not stays, `kept`). Best effort: what
+        cannot be removed stays there, a copy of what the image has."""
+        try:
+            self._remove(self.under, "", self.skip)
+        except OSError:
+            pass
 
     def _copy_dir(self, src: int, dst: int, rel: str) -> set[str]:
         """Copy the entries of `src` into `dst`; the relative paths not copied (left where they are)."""
