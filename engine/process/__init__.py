@@ -9,6 +9,8 @@ disk nor hook semantics.
     identity.py            the host uid/gid a plugin's hooks run as ([sandbox] in config.toml)
     hook_dirs.py           the hook's directories made ready for that identity, outside the sandbox
     data_disks.py          each plugin's data directory a filesystem of its own (a loop-mounted image), size-capped
+    data_disk_images.py    its images, loop devices, the mount table and the tools (e2fsprogs, mount)
+    data_disk_move.py      what a data directory held, moved into its image without following a link
     sandboxed_command.py   a plugin's non-hook command (install-deps' build) in the same sandbox
     hook_io.py             talking to the started hook: JSON in, reply out, stderr streamed, deadline kept
     sandbox.py             what a hook's sandbox is, probing, and the names its callers use from:

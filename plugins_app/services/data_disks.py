@@ -18,7 +18,7 @@ def mount_installed() -> list[str]:
     h = home()
     size_mb = config_cache().get().limits.max_disk_mb
     uncapped = []
-    for name in data_disks.images(h.root / "plugin_data"):
+    for name in data_disks.images_of(h.root / "plugin_data"):
         if not (h.plugin_dir(name) / "plugin.toml").is_file():
             continue  # an image of a plugin that is not installed here stays as it is
         data_dir = h.data_dir(name)

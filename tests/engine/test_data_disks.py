@@ -256,7 +256,7 @@ def test_uninstall_removes_the_image_and_its_mount(home):
     result = uninstall(Home(home), "gone")
     assert result["data_image_removed"] is True
     assert not mounts_at(data) and not (home / "plugin_data" / ".disks" / "gone.img").exists()
-    assert data_disks.images(home / "plugin_data") == []
+    assert data_disks.images_of(home / "plugin_data") == []
 
 
 def test_a_spare_prepared_before_a_disk_was_mounted_never_serves_its_plugin(home, mode):
