@@ -212,8 +212,16 @@ def _make_ready(data_dir: Path, disks: Path, size_mb: int) -> tuple[int, str | N
         note = _resize_unmounted(image, size_mb)
     under = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        images.run(["mount", "-n", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), target])
+        try:
+            images.run(["mount", "-n", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), target])
+        except DiskError:
+            if fresh:
+                image.unlink(missing_ok=True)
+            raise
         _bump(disks)
+        # An image that holds nothing yet (just made, or made by a process that died before it was used) takes
+        # what the directory held all or nothing.
+        fresh = fresh or not [name for name in os.listdir(target) if name != "lost+found"]
         if fresh:
             _rmdir_lost_found(target)  # (e2fsck makes it again when it needs it)
         moved = Move(under, target, fresh)

@@ -21,7 +21,7 @@ import pytest
 
 from engine.home import Home
 from engine.plugins.install import uninstall
-from engine.process import data_disks, hook_dirs, identity, native_spare, sandbox, warmstart
+from engine.process import data_disk_images, data_disks, hook_dirs, identity, native_spare, sandbox, warmstart
 from engine.process.runner import HookCall, run_hook
 from engine.process.runtimes import resolve_tag
 
@@ -184,10 +184,14 @@ def test_what_the_directory_held_before_is_moved_into_it_without_loss(home, tmp_
         os.close(underneath)
 
 
-def test_a_directory_that_holds_more_than_the_cap_stays_as_it_is_and_says_so(home):
+@pytest.mark.parametrize("image_before", [False, True], ids=["no-image", "empty-image-left-by-a-crash"])
+def test_a_directory_that_holds_more_than_the_cap_stays_as_it_is_and_says_so(home, image_before):
     data = home / "plugin_data" / "big"
     data.mkdir(parents=True)
     (data / "blob").write_bytes(os.urandom(12 << 20))
+    if image_before:  # a process died between making the image and using it
+        (home / "plugin_data" / ".disks").mkdir(mode=0o700)
+        data_disk_images.make_image(home / "plugin_data" / ".disks" / "big.img", 8)
     result = call(home, "big", {"read": []}, disk_mb=8)
     assert not mounts_at(data) and not (home / "plugin_data" / ".disks" / "big.img").exists()
     assert (data / "blob").stat().st_size == 12 << 20
