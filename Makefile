@@ -48,8 +48,19 @@ $(UIDMAP_CHECK): $(STAMP)
 		else echo "uidmap is missing (apt-get install uidmap as root): a service that is not root runs its hooks as its own user (sandbox.degraded)"; fi; \
 	fi
 	@touch $@
+# Each plugin's data directory is an ext4 image of its own, loop-mounted (engine/process/data_disks.py): mkfs.ext4,
+# e2fsck and resize2fs (Debian: e2fsprogs), mount and losetup (Debian: mount). Installed here when we are root;
+# otherwise said, and data directories are not size-capped (sandbox.degraded) until they are.
+DISKS_CHECK := $(VENV)/.data-disks-checked
+$(DISKS_CHECK): $(STAMP)
+	@if ! PATH="$$PATH:/usr/sbin:/sbin" command -v mkfs.ext4 >/dev/null 2>&1 || ! PATH="$$PATH:/usr/sbin:/sbin" command -v losetup >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs mount >/dev/null; \
+		else echo "mkfs.ext4 or losetup is missing (apt-get install e2fsprogs mount as root): plugins' data directories are not size-capped (sandbox.degraded)"; fi; \
+	fi
+	@touch $@
 
-READY := $(STAMP) $(NATIVE_SPARE) $(SECCOMP_CHECK) $(UIDMAP_CHECK)
+READY := $(STAMP) $(NATIVE_SPARE) $(SECCOMP_CHECK) $(UIDMAP_CHECK) $(DISKS_CHECK)
 
 # Hermes Agent pins exact versions of its dependencies that cannot sit beside requirements.lock, so the test of its
 # adapter (tests/e2e/test_client_hermes.py) drives it in a venv of its own: hermes-requirements.lock (hash-checked),
@@ -78,8 +89,8 @@ test: $(READY) $(HERMES_STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run plugins_app >/dev/null
 	$(BIN)/pytest $(PYTEST_ARGS)
-	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
-	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py  # and below the python spare (a machine without a C compiler)
+	LIBREFANG_WARM_START=0 $(BIN)/pytest -q tests/engine tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py tests/e2e/test_hostile_disk.py  # the engine, containment and hostile hooks again with warm start off (cold spawns)
+	LIBREFANG_WARM_START=0 LIBREFANG_NATIVE_SPARE=0 $(BIN)/pytest -q tests/e2e/test_containment.py tests/e2e/test_engine_hostile.py tests/e2e/test_hostile_privilege.py tests/e2e/test_hostile_disk.py  # and below the python spare (a machine without a C compiler)
 	@# The memory store (full-text and vector recall, tenant scopes) again on PostgreSQL, when one is reachable (PG_URL to point elsewhere);
 	@# a per-run database name so parallel runs never share Django's test database.
 	@if $(BIN)/python -c "import psycopg; psycopg.connect('$(PG_URL)', connect_timeout=3).close()" 2>/dev/null; then \

@@ -158,5 +158,13 @@ def main() -> None:
     print(json.dumps({"loadavg": os.getloadavg(), "results": results}, indent=1))
 
 
+def _own_mounts() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests import mount_namespace
+
+    mount_namespace.enter()
+
+
 if __name__ == "__main__":
+    _own_mounts()  # the data disks its homes get stay in its own mount namespace (tests/mount_namespace.py)
     main()

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from engine.process import data_disks
 from librefang_site import child_exit
 from librefang_site.child_exit import Exit
 
@@ -159,6 +160,7 @@ class Supervisor:
         self.listener = listener  # our copy of daphne's listening socket (closed when stopping)
         self.policy = policy or RestartPolicy()
         self.clock = clock or Clock()
+        self.home = home
         self.status_file = status_path(home)
         self.began = self.clock.now()
         self.stopping = False
@@ -312,6 +314,7 @@ class Supervisor:
         for child in self.children:
             if child.proc is not None:
                 _kill_group(child.proc.pid)  # anything the child left in its process group
+        data_disks.release_all(self.home / "plugin_data")  # no mount of ours outlives the service (their images stay)
         self.status_file.unlink(missing_ok=True)
         log.info("stopped in %.1f s", self.clock.now() - began)
         return 1 if web_gave_up else 0

@@ -5,12 +5,19 @@ import os
 import tempfile
 import uuid
 
+from tests import mount_namespace
+
 _root = tempfile.mkdtemp(prefix="librefang-tests-")
 os.environ["LIBREFANG_HOME"] = os.path.join(_root, "home")
 os.environ["LIBREFANG_REDIS_PREFIX"] = f"lftest-{uuid.uuid4().hex[:8]}"
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-" + uuid.uuid4().hex)
 os.environ["LIBREFANG_TEST_ROOT"] = _root
 os.makedirs(os.environ["LIBREFANG_HOME"], exist_ok=True)
+
+
+# As root, the run's mounts (the plugins' data disks its tests make) stay in a namespace of its own; tests still
+# release each disk with its home (tests/conftest.py).
+mount_namespace.enter()
 
 
 # Containment tests skip where the OS refuses namespaces; a green run that did not test containment must not look

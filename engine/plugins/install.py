@@ -36,6 +36,7 @@ from engine.plugins.sources import (  # noqa: F401 - Source, InstallError and ch
     registry_root,
     vouched,
 )
+from engine.process import data_disks
 
 LOCK_VERSION = 1
 
@@ -225,7 +226,12 @@ def uninstall(home: Home, name: str) -> dict:
         os.replace(target, trash)
         shutil.rmtree(trash, ignore_errors=True)
         had_entry = data["plugins"].pop(name, None) is not None
-    return {"removed": True, "name": name, "was_locked": had_entry}
+    result = {"removed": True, "name": name, "was_locked": had_entry, "data_image_removed": False}
+    try:  # its data directory's own filesystem, and what it held (engine/process/data_disks.py)
+        result["data_image_removed"] = data_disks.remove(home.data_dir(name))
+    except (OSError, data_disks.DiskError) as exc:
+        result["data_image_error"] = str(exc)
+    return result
 
 
 # ---- a plugin and the plugins it depends on, from one registry ----

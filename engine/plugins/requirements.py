@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 from engine.filecache import confine
 from engine.plugins.loader import read_manifest
-from engine.process import plugin_files, sandboxed_command
+from engine.process import data_disks, plugin_files, sandboxed_command
+from engine.process.runner import DEFAULT_MAX_DISK_MB
 from engine.process.runtimes import find_launcher
 
 OUTPUT_TAIL_CHARS = 64 * 1024
@@ -54,17 +55,20 @@ class InstallResult(NamedTuple):
         return out
 
 
-def install_requirements(plugin_dir: Path, data_dir: Any, timeout: Any = DEFAULT_TIMEOUT_SECS) -> InstallResult:
-    """Create `<data_dir>/venv` and pip-install the plugin's requirements into it. Returns (ok, output).
+def install_requirements(plugin_dir: Path, data_dir: Any, timeout: Any = DEFAULT_TIMEOUT_SECS, *,
+                         disk_mb: int = DEFAULT_MAX_DISK_MB) -> InstallResult:
+    """Create `<data_dir>/venv` and pip-install the plugin's requirements into it. Returns (ok, output). The venv
+    is on the data directory's own filesystem of `disk_mb` (the operator's [limits] max_disk_mb), with the rest of
+    what the plugin keeps there (engine/process/data_disks.py).
 
     Also accepts `(plugin_dir, manifest, home)` (data dir = home.data_dir(manifest.name), default timeout).
     """
     if hasattr(data_dir, "requirements") and hasattr(timeout, "data_dir"):
         data_dir, timeout = timeout.data_dir(data_dir.name), DEFAULT_TIMEOUT_SECS
-    return InstallResult(*_install(Path(plugin_dir), Path(data_dir), float(timeout)))
+    return InstallResult(*_install(Path(plugin_dir), Path(data_dir), float(timeout), disk_mb))
 
 
-def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, str]:
+def _install(plugin_dir: Path, data_dir: Path, timeout: float, disk_mb: int) -> tuple[bool, str]:
     try:
         req = requirements_file(plugin_dir)
     except ValueError as exc:
@@ -77,6 +81,7 @@ def _install(plugin_dir: Path, data_dir: Path, timeout: float) -> tuple[bool, st
     final, staging, backup = (data_dir / name for name in VENV_DIRS)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
+        data_disks.ensure(data_dir, disk_mb)
         _discard(staging)
         staging.mkdir(mode=0o700)
     except OSError as exc:

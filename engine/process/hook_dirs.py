@@ -22,13 +22,19 @@ import secrets
 import stat
 from pathlib import Path
 
+from engine.process import data_disks
+
 Ids = tuple[int, int]
 
 
-def prepare_data_dir(data_dir: Path, ids: Ids | None, private_tmp: bool = False) -> None:
+def prepare_data_dir(data_dir: Path, ids: Ids | None, private_tmp: bool = False, disk_mb: int | None = None) -> None:
     """Create the data directory (and its `tmp`, for allow_filesystem = false) and hand it to `ids` (None: the
-    service's own user runs hooks; nothing to hand over). Raises OSError."""
+    service's own user runs hooks; nothing to hand over). `disk_mb`: the directory is a filesystem of its own of
+    that size (engine/process/data_disks.py; where that cannot be, it says so and the directory stays as it is).
+    Raises OSError."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    if disk_mb is not None:
+        data_disks.ensure(data_dir, disk_mb)
     if private_tmp:
         try:
             os.mkdir(data_dir / "tmp", 0o700)

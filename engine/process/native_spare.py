@@ -46,7 +46,7 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) 
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
     in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
     Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape[:8]  # (the disks' epoch only tells shapes apart)
     fd = sock.fileno()
     # a service that is not root: its kept user namespace (engine/process/sandbox_userns.py), which the program joins
     userns = sandbox_userns.kept(mapped, uid, gid) if user_ns and mapped else None

@@ -37,7 +37,7 @@ from pathlib import Path
 from engine import protocol as P
 from engine.filecache import confine, real_path
 from engine.home import Home
-from engine.process import hook_dirs, hook_view, identity, sandbox, warmstart
+from engine.process import data_disks, hook_dirs, hook_view, identity, sandbox, warmstart
 from engine.process.hook_call import HookCall, HookResult, StderrCallback
 from engine.process.hook_io import communicate
 from engine.process.runtimes import LauncherNotFound, build_command
@@ -117,7 +117,8 @@ BLOCKED_ENV_VARS = frozenset({"LIBREFANG_VAULT_KEY", "DJANGO_SECRET_KEY", "DATAB
 
 # Defaults when a plugin sets no limit (docs/compatibility.md): enforced through the hook's cgroup where the service
 # can create one. An explicit max_memory_mb is also an RLIMIT_AS, as before. max_disk_mb sizes the private /tmp and
-# /dev/shm (each) and is an RLIMIT_FSIZE (the largest file a hook may write anywhere).
+# /dev/shm (each) and the data directory's own filesystem (engine/process/data_disks.py), and is an RLIMIT_FSIZE
+# (the largest file a hook may write anywhere).
 DEFAULT_MAX_MEMORY_MB = 1024
 DEFAULT_MAX_PROCESSES = 128
 DEFAULT_MAX_DISK_MB = 1024
@@ -182,6 +183,7 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         conceal=covers,
         tmp_mb=disk // (1024 * 1024) if isolate else 0,
         seccomp=isolate and sandbox.seccomp_filter() is not None,
+        disks_epoch=data_disks.epoch(call.data_dir) if isolate else 0,
     )
 
 
@@ -222,7 +224,8 @@ def _prepare_dirs(call: HookCall, script: Path, ids: tuple[int, int] | None) -> 
             if as_owner is not None:
                 hook_dirs.prepare_shared_data_dir(call.data_dir, ids[1], as_owner, private_tmp=private_tmp)
             else:
-                hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=private_tmp)
+                hook_dirs.prepare_data_dir(call.data_dir, ids, private_tmp=private_tmp,
+                                           disk_mb=call.max_disk_mb or DEFAULT_MAX_DISK_MB)
         except OSError as exc:
             return f"cannot prepare the plugin's data directory {call.data_dir}: {exc}"
     if ids is not None:
@@ -298,6 +301,9 @@ class SubprocessRuntime:
         reasons = sandbox.degraded_reasons()
         if reasons:
             result.warnings.append("sandbox.degraded: " + "; ".join(reasons))
+        disk_note = data_disks.note(call.data_dir)
+        if disk_note:
+            result.warnings.append("data_disk: " + disk_note)
         return result
 
     def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,

@@ -182,7 +182,9 @@ def degraded_reasons() -> list:
     reasons = list(reasons)
     if found is not None and seccomp_filter() is None:
         reasons.append(f"no seccomp filter for hooks: {sandbox_seccomp.compiled()[1]}")
-    return reasons
+    from . import data_disks  # (in the service only: the helpers never report)
+
+    return reasons + data_disks.degraded_reasons()
 
 
 def uid_drop() -> bool:

@@ -63,6 +63,9 @@ class SandboxSpec:
     conceal: tuple = ()  # directories and files covered (engine/process/sandbox_mounts.py), beyond the home
     tmp_mb: int = 0  # size of the private /tmp and /dev/shm (0: none)
     seccomp: bool = False  # load the seccomp filter (engine/process/sandbox_seccomp.py) last
+    # The plugins' data disks as mounted for this call (engine/process/data_disks.py `epoch`): a spare whose mount
+    # namespace was copied before a data disk was mounted has not got it, and must not serve the call.
+    disks_epoch: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -45,7 +45,8 @@ def shape_of(spec: SandboxSpec) -> tuple | None:
     if spec.mapped:
         sandbox_userns.kept(spec.mapped, spec.uid, spec.gid)
     return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
-            tuple(spec.conceal), spec.tmp_mb, spec.mapped)
+            tuple(spec.conceal), spec.tmp_mb, spec.mapped,
+            spec.disks_epoch)
 
 
 def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
@@ -60,7 +61,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
     code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape[:8]  # (the disks' epoch only tells shapes apart)
     lib = libc()
     if lib is None:
         raise SetupError("no libc")

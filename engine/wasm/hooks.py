@@ -12,8 +12,9 @@ from engine import findings as F
 from engine import protocol as P
 from engine.home import Home
 from engine.plugins.loader import read_manifest
+from engine.process import data_disks
 from engine.process.hook_call import HookCall, HookResult, StderrCallback
-from engine.process.runner import build_env, locate_script, resolve_script
+from engine.process.runner import DEFAULT_MAX_DISK_MB, build_env, locate_script, resolve_script
 from engine.protocol import Failure
 from engine.wasm import abi
 from engine.wasm.execution import decode_output, execute, static_check
@@ -70,9 +71,11 @@ def run_wasm_hook(call: HookCall, on_stderr: StderrCallback | None = None,
         capabilities = capabilities_of(call)
     policy = narrowed(policy, network=getattr(call, "allow_network", True) is not False,
                       filesystem=getattr(call, "allow_filesystem", True) is not False)
-    if call.data_dir is not None and str(call.data_dir) not in _made_dirs:
-        Path(call.data_dir).mkdir(parents=True, exist_ok=True)
-        _made_dirs.add(str(call.data_dir))
+    if call.data_dir is not None:
+        if str(call.data_dir) not in _made_dirs:
+            Path(call.data_dir).mkdir(parents=True, exist_ok=True)
+            _made_dirs.add(str(call.data_dir))
+        data_disks.ensure(Path(call.data_dir), call.max_disk_mb or DEFAULT_MAX_DISK_MB)  # capped as a process hook's
     payload = json.dumps(call.request, ensure_ascii=False).encode("utf-8")
 
     def log(line: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.filecache import tree_size
 from engine.plugins.catalog import LAST_GOOD_FILE
 from engine.plugins.requirements import VENV_DIRS
-from engine.process import plugin_files
+from engine.process import data_disks, plugin_files
 from plugins_app.home import home
 
 MAX_FILES_LISTED = 500
@@ -28,4 +28,6 @@ def plugin_state(name: str) -> dict:
     return {"plugin": name, "path": str(root), "exists": root.is_dir(), "size_bytes": seen["size_bytes"],
             "file_count": seen["file_count"], "files": seen["files"],
             "files_truncated": seen["file_count"] > len(seen["files"]), "agents_with_state": seen["agents_with_state"],
-            "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0}}
+            "venv": {"present": venv.is_dir(), "size_bytes": tree_size(str(venv)) if venv.is_dir() else 0},
+            # its own filesystem (engine/process/data_disks.py): None until its first hook, or where it cannot be
+            "disk": data_disks.usage(root), "disk_unavailable": data_disks.unavailable()}

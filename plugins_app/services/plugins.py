@@ -262,7 +262,8 @@ def run_install_deps(name: str) -> dict:
     if entry.plugin is None:
         return {"ok": False, "success": False, "error": f"plugin {name!r} cannot be loaded"}
     try:
-        outcome = R.install_requirements(entry.dir, entry.plugin.manifest, home())
+        outcome = R.install_requirements(entry.dir, entry.plugin.manifest, home(),
+                                         disk_mb=config_cache().get().limits.max_disk_mb)
     except Exception as exc:
         return {"ok": False, "success": False, "error": f"installing dependencies failed: {exc}"}
     return outcome.to_dict()

@@ -4,12 +4,14 @@ with real files: each control does what it says, and each refuses the roles its 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import tomllib
 
 import pytest
 from django.contrib.auth.models import User
 
+from engine.process import data_disks
 from plugins_app.models import AuditEntry, HookTrace
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
 
@@ -208,3 +210,15 @@ def test_it_reports_an_untracked_plugin_on_update_check(client, home, login):
     login("viewer")
     html = client.get("/plugins/alpha/update-check/").content.decode()
     assert "Update check failed" in html and "not installed from a source" in html
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or data_disks.unavailable() is not None,
+                    reason=f"data disks need root with loop devices here: {data_disks.unavailable()}")
+def test_the_state_card_says_how_full_the_plugins_data_disk_is(client, home, login):
+    make_plugin(home.plugins_dir, "disked", {"ingest": PY_ECHO_INGEST})
+    with_state(home, "disked")
+    data_disks.ensure(home.data_dir("disked"), 16)  # as its first hook call does (engine/process/data_disks.py)
+    login("viewer")
+    html = client.get("/plugins/disked/state/").content.decode()
+    assert 'id="parity-state-count">2<' in html  # what it held, moved into its disk
+    assert 'id="parity-state-disk">A filesystem of its own: ' in html and "files left for its hooks" in html

@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from engine.process import data_disks
 from librefang_site.cli import access_log_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +113,8 @@ class LiveService:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=15)
+        data_disks.release_all(self.home)  # as `librefang start` does when it stops (librefang_site/supervisor.py)
 
     # ---- HTTP ----
 

@@ -27,7 +27,7 @@ from engine.plugins.bundles import cache_usage
 from engine.process import sandbox, warmstart
 from plugins_app import events
 from plugins_app.bus import REDIS_DOWN, JobStream, worker_host_id
-from plugins_app.services import audit, bundles, prewarm_worker
+from plugins_app.services import audit, bundles, data_disks, prewarm_worker
 from plugins_app.services.engine import get_engine, invocation_sink
 from plugins_app.services.worker_loop import Backoff, WorkerLoop
 
@@ -87,6 +87,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+        data_disks.mount_installed()  # what plugins kept, where the service looks (plugins_app/services/data_disks.py)
         get_engine()  # build caches before the first job
         # Start-up's objects live as long as the worker: out of the cyclic collector, so a full collection walks only
         # what came after (not ~200k objects, ≈150 ms holding the GIL while hooks run; see librefang_site/asgi.py).
