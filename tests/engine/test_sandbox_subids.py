@@ -152,7 +152,8 @@ def test_each_plugins_hooks_run_as_an_identity_of_its_own_from_the_services_rang
     seen = as_service(top, CALLS, str(top), textwrap.dedent(HOOK), env=PATHS[path])
     if seen["mode"] is None:
         pytest.skip(f"this kernel refuses unprivileged user namespaces: {seen['reasons']}")
-    assert seen["mode"] == "subids" and seen["reasons"] == [], seen
+    # the one thing a service that is not root still lacks: a size-capped data disk (docs/security.md, "Data disks")
+    assert seen["mode"] == "subids" and [r for r in seen["reasons"] if "not size-capped" not in r] == [], seen
     identities = {}
     for call in seen["calls"]:
         assert call["ok"], call["error"]
