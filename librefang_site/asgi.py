@@ -1,9 +1,9 @@
-"""ASGI entry point: HTTP goes to Django (static files included), websockets to the Channels router. Agents' hook
-calls are answered before Django's middleware (plugins_app/api/hook_asgi.py); /mcp by its own app."""
+"""The ASGI application: HTTP goes to Django (static files included), websockets to the Channels router. Agents' hook
+calls are answered before Django's middleware (plugins_app/api/hook_asgi.py); /mcp by its own app. Importing it
+starts nothing: what a serving web process runs beside it is librefang_site/web.py's, which daphne serves."""
 
 import asyncio
 import contextlib
-import gc
 import os
 import re
 
@@ -78,13 +78,4 @@ application = ProtocolTypeRouter(
     }
 )
 
-# What start-up loaded (Django, the URL conf and its views, the engine) lives as long as the process: kept out of the
-# cyclic collector, so a full collection no longer walks ~200k objects (≈150 ms holding the GIL, a p99 spike for
-# every call in flight) but only what was made since.
 get_resolver().url_patterns  # noqa: B018 - load the views now, not on the first request
-
-from plugins_app.services import alerts  # noqa: E402
-
-alerts.start_in_background()  # the web tier evaluates and sends alerts (plugins_app/services/alerts.py says why)
-gc.collect()
-gc.freeze()

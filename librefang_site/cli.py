@@ -90,7 +90,7 @@ def daphne_argv(listener: socket.socket | None = None) -> list[str]:
     # header as its address, and the login lockout (plugins_app/views/login.py) keys on that address.
     proxy = ["--proxy-headers"] if os.environ.get("LIBREFANG_TRUSTED_PROXIES", "").strip() else []
     return [sys.executable, "-m", "daphne", *where, *proxy, *access_log_args(os.environ),
-            "librefang_site.asgi:application"]
+            "librefang_site.web:application"]
 
 
 def access_log_args(environ: Mapping[str, str]) -> list[str]:

@@ -1,7 +1,7 @@
 """Alerts: evaluated by the web tier, delivered to the webhooks of config.toml (plugins_app/selectors/alerts.py).
 
 Who sends them: every web process (daphne, under `librefang start` or `librefang web` alike) runs one evaluator
-thread, started by librefang_site/asgi.py. The web tier is the process that is always there when an operator can
+thread, started by librefang_site/web.py. The web tier is the process that is always there when an operator can
 look at anything, and the only one that can say "no live worker" or "Redis unreachable" (a worker cannot report its
 own absence; the supervisor does not run under systemd). Several web processes share one row per alert
 (AlertState): the process whose UPDATE flips it sends the message, the others see it flipped, so a message goes out

@@ -60,7 +60,7 @@ def test_it_recalls_by_meaning_with_no_shared_word(store):
 
 
 def test_the_web_process_loads_no_embedding_model_until_something_is_embedded(tmp_path):
-    probe = ("import json, sys, django; django.setup(); import librefang_site.asgi; "
+    probe = ("import json, sys, django; django.setup(); import librefang_site.web; "
              "print(json.dumps([m for m in ('numpy', 'wordllama', 'tokenizers') if m in sys.modules]))")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "librefang_site.settings", "LIBREFANG_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -18,7 +18,7 @@ PROBE = f"""
 import json, sys
 import django
 django.setup()
-import librefang_site.asgi  # also loads the URL conf (librefang_site/asgi.py)
+import librefang_site.web  # what daphne serves; also loads the URL conf (librefang_site/asgi.py)
 print(json.dumps(sorted(m for m in sys.modules if m in {WORKER_ONLY!r})))
 """
 
@@ -33,7 +33,7 @@ def test_the_web_process_loads_no_part_of_the_worker_engine(tmp_path):
 
 def test_the_probe_would_see_the_worker_engine():
     # the same probe in the worker's shoes: importing what it loads makes the list non-empty
-    code = PROBE.replace("import librefang_site.asgi", "import plugins_app.management.commands.worker")
+    code = PROBE.replace("import librefang_site.web", "import plugins_app.management.commands.worker")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "librefang_site.settings"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr

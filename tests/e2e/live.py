@@ -64,7 +64,7 @@ class LiveService:
         # twisted listens with a backlog of 50 by default: a burst of agents would see connection resets
         self.web = self._spawn("web", [sys.executable, "-m", "daphne", "-e",
                                        f"tcp:port={self.port}:interface=127.0.0.1:backlog=1024",
-                                       *access_log_args(self.env), "librefang_site.asgi:application"])
+                                       *access_log_args(self.env), "librefang_site.web:application"])
         for _ in range(workers):
             self.start_worker()
         self.wait_healthy(workers)

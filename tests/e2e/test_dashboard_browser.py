@@ -185,7 +185,7 @@ def _restart_web(live, kill: bool = True) -> None:
         os.killpg(live.web.pid, signal.SIGKILL)
         live.web.wait(timeout=30)
     live.web = live._spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(live.port),
-                                   "librefang_site.asgi:application"])
+                                   "librefang_site.web:application"])
     live.wait_healthy(1, timeout=60)
 
 
