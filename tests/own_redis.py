@@ -6,10 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from tests.e2e.live import LiveService, free_port
+from tests.waiting import wait_until
 
 
 class OwnRedis:
@@ -28,13 +28,12 @@ class OwnRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            probe = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
-            if probe.stdout.strip() == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("own redis-server did not start")
+        wait_until(self._ping, 20, f"the own redis-server on port {self.port} to answer PING (log: {self.dir})",
+                   until=lambda answer: answer == "PONG")
+
+    def _ping(self) -> str:
+        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

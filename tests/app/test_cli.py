@@ -5,12 +5,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+from tests.waiting import pid_gone, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,18 +192,15 @@ def test_it_runs_daphne_alone_as_librefang_web(tmp_path, access_log):
     with open(output, "wb") as out:
         proc = subprocess.Popen([*cmd, "web"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    def health_status() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code  # 503 without workers is still daphne answering
+
     try:
-        status = None
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5) as resp:
-                    status = resp.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code  # 503 without workers is still daphne answering
-            except OSError:
-                time.sleep(0.1)
-                continue
-            break
+        status = wait_until(health_status, 60, "daphne to answer", ignoring=(OSError,))
         assert status in (200, 503)
         assert b"daphne" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         proc.send_signal(signal.SIGTERM)
@@ -299,15 +296,12 @@ def test_it_gives_up_a_worker_starts_it_again_on_sigusr1_and_stops_its_whole_pro
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def worker_when(test) -> dict:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            doc = supervisor_status(home)
-            worker = doc and next(c for c in doc["children"] if c["role"] == "worker")
-            if worker and test(worker) and grandchild_file.exists():
-                return doc
+        def there(doc: dict | None) -> bool:
             assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.05)
-        raise AssertionError(f"the worker never got there: {supervisor_status(home)}")
+            worker = doc and next(c for c in doc["children"] if c["role"] == "worker")
+            return bool(worker and test(worker) and grandchild_file.exists())
+
+        return wait_until(lambda: supervisor_status(home), 60, "the worker's state", until=there)
 
     try:
         doc = worker_when(lambda w: w["state"] == "fatal")
@@ -332,10 +326,8 @@ def test_it_gives_up_a_worker_starts_it_again_on_sigusr1_and_stops_its_whole_pro
         assert out.count("CRITICAL librefang: worker 1 (pid ") == 2 and "given up after 3 failed starts" in out
         assert "SIGUSR1: starting worker 1 again (given up after 3 failed starts: code 3)" in out
         assert "SIGTERM: stopping" in out
-        with pytest.raises(ProcessLookupError):  # the grandchild web left behind went with its process group
-            for _ in range(50):
-                os.kill(grandchild, 0)
-                time.sleep(0.1)
+        # the grandchild web left behind went with its process group
+        wait_until(lambda: pid_gone(grandchild), 5, f"web's grandchild (pid {grandchild}) gone")
         assert supervisor_status(home) is None and not (home / "run" / "supervisor.json").exists()
     finally:
         if proc.poll() is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import uuid
@@ -20,6 +19,7 @@ from plugins_app.routing import websocket_urlpatterns
 from plugins_app.services.tokens import create_token
 from tests.own_redis import OwnRedis
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+from tests.waiting import wait_until_async
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 APP = URLRouter(websocket_urlpatterns)
@@ -85,10 +85,8 @@ async def test_it_refuses_an_unknown_metrics_view(home, user):
 async def _subscribed(feed: events.LiveFeed | None = None, up: bool = True, timeout: float = 10.0) -> None:
     """Wait until `feed` (this loop's stderr feed by default) is subscribed, or with up=False no longer is."""
     feed = feed or events.stderr_feed()
-    end = asyncio.get_running_loop().time() + timeout
-    while feed.subscribed != up:
-        assert asyncio.get_running_loop().time() < end, f"the live feed {feed.channel} never became subscribed={up}"
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: feed.subscribed, timeout, f"the live feed {feed.channel} to become subscribed={up}",
+                           until=lambda subscribed: subscribed == up)
 
 
 async def _changed(changes: list[dict]) -> None:
@@ -119,8 +117,7 @@ async def test_it_streams_its_plugins_live_lines_as_html_fragments(home, user):
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()
     assert not events.stderr_feed().watchers  # the last watcher gone: the subscription is dropped
-    await asyncio.sleep(0.1)
-    assert not events.stderr_feed().subscribed
+    await _subscribed(up=False)
 
 
 @pytest.fixture

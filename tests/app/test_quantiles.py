@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from engine import quantiles
 from engine.ports import TEST_CONSOLE, Invocation
@@ -17,6 +17,7 @@ from plugins_app.selectors import metrics as metric_selectors
 from plugins_app.selectors import metrics_export
 from plugins_app.services.recording import record_now
 from tests.app.prometheus_text import prometheus_samples
+from tests.waiting import wait_until
 
 QS = (0.5, 0.95, 0.99)
 
@@ -137,14 +138,8 @@ def test_it_loses_no_count_when_workers_record_at_the_same_time():
                 # The in-memory test database (SQLite shared cache) answers "table is locked" instead of waiting.
                 # A file database (LIBREFANG_TEST_DB=…, transaction_mode IMMEDIATE) and PostgreSQL (row lock) make
                 # writers wait: there every batch lands on its first try.
-                for attempt in range(50):
-                    try:
-                        record_now(items)
-                        break
-                    except Exception:
-                        if attempt == 49:
-                            raise
-                        time.sleep(0.02)
+                wait_until(lambda items=items: record_now(items) or True, 60, "a batch stored past the others' locks",
+                           ignoring=(DatabaseError,))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ from django.core.management import call_command
 
 from engine.process import warmstart
 from plugins_app import bus
+from plugins_app.bus import control
 from plugins_app.management.commands.worker import Command as WorkerCommand
 from plugins_app.models import JobRecord, Role
 from plugins_app.services import affinity, hooks
@@ -22,6 +24,7 @@ from plugins_app.services.tokens import create_token
 from plugins_app.services.worker_loop import WorkerLoop
 from tests.app.recording_fixtures import _flush_recording, _release_writer_connection  # noqa: F401
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -267,7 +270,8 @@ def control_worker(monkeypatch):
         loops.append(loop)
         threading.Thread(target=WorkerCommand._beat, args=(loop, 1), daemon=True).start()
         if answering:
-            threading.Thread(target=WorkerCommand._control, args=(loop,), daemon=True).start()
+            threading.Thread(target=WorkerCommand._control, args=(loop,), name=_control_thread(loop),
+                             daemon=True).start()
         return loop
 
     warmstart.shutdown()
@@ -278,11 +282,27 @@ def control_worker(monkeypatch):
     warmstart.shutdown()
 
 
-def wait_for_control_reader(loop: WorkerLoop) -> None:
-    end = time.monotonic() + 5  # the control thread reads from its start: let it open its first read
-    while time.monotonic() < end and "control" not in {t.name for t in threading.enumerate()}:
-        time.sleep(0.05)
-    time.sleep(0.3)
+def _control_thread(loop: WorkerLoop) -> str:
+    return f"control-{loop.stream.consumer}"
+
+
+def _reading_control(loop: WorkerLoop) -> bool:
+    """The loop's control thread is in its read of the control stream (plugins_app/bus/control.py read_after)."""
+    thread = next((t for t in threading.enumerate() if t.name == _control_thread(loop)), None)
+    frame = sys._current_frames().get(thread.ident) if thread else None
+    while frame is not None and frame.f_code is not control.read_after.__code__:
+        frame = frame.f_back
+    return frame is not None
+
+
+def wait_for_control_reader(loop: WorkerLoop, *others: WorkerLoop) -> None:
+    """Until `loop` reads the control stream (it reads requests made after its start only) and every worker named
+    has a heartbeat (a prewarm waits for the workers that heartbeat as it asks)."""
+    r = bus.client()
+    wait_until(lambda: _reading_control(loop), 30, f"{_control_thread(loop)} reading the control stream")
+    for worker in (loop, *others):
+        key = bus.heartbeat_key(worker.stream.consumer)
+        wait_until(lambda key=key: r.exists(key), 30, f"the heartbeat {key}")
 
 
 def forge_prewarm_answer(worker: str) -> None:
@@ -304,7 +324,7 @@ def test_prewarm_reports_the_zygotes_each_worker_confirmed_and_the_workers_that_
     monkeypatch.setattr(prewarm_service, "WAIT_SECS", 3.0)
     answering = control_worker()
     silent = control_worker(answering=False)
-    wait_for_control_reader(answering)
+    wait_for_control_reader(answering, silent)
     assert warmstart.zygote_pids() == []
 
     forger = threading.Thread(target=forge_prewarm_answer, args=(silent.stream.consumer,), daemon=True)
@@ -380,7 +400,7 @@ def test_the_plugin_page_button_and_the_cli_show_each_workers_answer(home, clien
 
     loop = control_worker()
     silent = control_worker(answering=False)
-    wait_for_control_reader(loop)
+    wait_for_control_reader(loop, silent)
     html = client.post("/plugins/warmme/prewarm/").content.decode()
     assert f'data-worker="{loop.stream.consumer}" data-state="warmed"' in html and "<code>ingest</code>" in html
     assert f'data-worker="{silent.stream.consumer}" data-state="missing"' in html

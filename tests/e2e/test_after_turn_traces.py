@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.live import LiveService
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import WaitTimedOut, wait_until
 
 AFTER_TURN = """
 import json, sys
@@ -53,12 +54,12 @@ def _finished(service: LiveService) -> set[str]:
 def _wait_for_an_untraced_outcome(service: LiveService, within: float) -> None:
     """Until a finished job has no trace yet (the moment a kill would lose it if its outcome came first), or
     `within` seconds: the kill then falls where a trace could be lost, if the worker allows such a moment."""
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        if _job_ids(service, "SELECT job_id FROM plugins_app_jobrecord WHERE job_id NOT IN "
-                             "(SELECT job_id FROM plugins_app_hooktrace)"):
-            return
-        time.sleep(0.002)
+    try:
+        wait_until(lambda: _job_ids(service, "SELECT job_id FROM plugins_app_jobrecord WHERE job_id NOT IN "
+                                             "(SELECT job_id FROM plugins_app_hooktrace)"),
+                   within, "a finished job without its trace", every=0.002)  # such a moment lasts milliseconds
+    except WaitTimedOut:
+        pass  # the worker allows no such moment: the kill falls anywhere
 
 
 def test_it_traces_every_accepted_after_turn_across_worker_sigkills(own_service):
@@ -78,7 +79,7 @@ def test_it_traces_every_accepted_after_turn_across_worker_sigkills(own_service)
             if status == 202:
                 with lock:
                     accepted.append(body["job_id"])
-            time.sleep(PAUSE_SECS)
+            stop.wait(PAUSE_SECS)  # the traffic's pace
 
     threads = [threading.Thread(target=agent, args=(n,), daemon=True) for n in range(AGENTS)]
     for t in threads:
@@ -89,19 +90,19 @@ def test_it_traces_every_accepted_after_turn_across_worker_sigkills(own_service)
             service.kill_worker()
             service.start_worker()
             service.wait_healthy(1, timeout=60)
-        time.sleep(2)
+        time.sleep(2)  # traffic running for a while on the last worker is the point
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=60)
     assert len(accepted) > 50, len(accepted)
     # Jobs of a killed worker are claimed by the new one once the dead one's heartbeat has expired.
-    end = time.monotonic() + 90
-    while time.monotonic() < end:
-        missing = set(accepted) - _traced(service, "turns")
-        if not missing:
-            break
-        time.sleep(1)
+    try:
+        wait_until(lambda: set(accepted) - _traced(service, "turns"), 90, "every accepted job traced",
+                   until=lambda missing: not missing)
+    except WaitTimedOut:
+        pass  # said below, with what is missing
+    missing = set(accepted) - _traced(service, "turns")
     finished_untraced = missing & _finished(service)
     print(f"{len(accepted)} after_turn accepted across {KILLS} worker SIGKILLs, {len(missing)} without a trace, "
           f"{len(finished_untraced)} of them recorded as finished")

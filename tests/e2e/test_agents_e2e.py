@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dialects"
 VENV_BIN = Path(sys.executable).parent
@@ -55,16 +56,10 @@ def stack(live):
 
 
 def seen_by_plugin(data_dir: Path, hook: str, deadline_secs: float = 20) -> dict:
-    deadline = time.monotonic() + deadline_secs
     path = data_dir / f"{hook}.json"
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass  # being written
-        time.sleep(0.1)
-    raise AssertionError(f"the plugin never received {hook}")
+    # not there yet, or being written
+    return wait_until(lambda: json.loads(path.read_text()), deadline_secs, f"the plugin to receive {hook}",
+                      until=lambda _: True, ignoring=(OSError, ValueError))
 
 
 def assert_librefang_with_pairs(messages: list[dict]) -> None:

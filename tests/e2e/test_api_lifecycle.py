@@ -3,16 +3,16 @@ worker, abort policy, install → update → uninstall with the lockfile."""
 
 import json
 import subprocess
-import time
 
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
+from tests.waiting import wait_until
 
 ENV_INGEST = """
 import json, os, sys, time
 req = json.loads(sys.stdin.read())
 print("ingest sees MARKER=" + os.environ.get("MARKER", ""), file=sys.stderr)
 if "sleep" in req["message"]:
-    time.sleep(4)
+    time.sleep(4)  # the point: longer than the plugin's timeout
 print(json.dumps({"type": "ingest_result", "memories": [{"content": "marker " + os.environ.get("MARKER", "")}]}))
 """
 ASSEMBLE = """
@@ -76,12 +76,8 @@ def test_it_test_hooks_through_the_worker_and_records_a_trace(live):
     assert status == 200 and body["ok"] and body["success"], body
     assert body["reply"]["memories"][0]["content"] == "marker t"
     assert "MARKER=t" in body["stderr"] and body["elapsed_ms"] > 0 and len(body["trace_id"]) == 16
-    end = time.monotonic() + 20
-    while time.monotonic() < end:
-        status, trace = live.request("GET", f"/api/context-engine/traces/{body['trace_id']}")
-        if status == 200:
-            break
-        time.sleep(0.2)
+    status, trace = wait_until(lambda: live.request("GET", f"/api/context-engine/traces/{body['trace_id']}"), 20,
+                               "the test run's trace stored", until=lambda answer: answer[0] == 200)
     assert status == 200 and trace["plugin"] == "probe" and trace["success"]
     rows = live.manage("shell", "-c", "from plugins_app.models import AuditEntry as A; "
                        "print(A.objects.filter(action='plugin.test_hook', target='probe').count())").stdout

@@ -5,8 +5,6 @@ items as openai-agents expects."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from agents import Agent, Model, ModelResponse, Runner, Usage
 from agents.memory import Session
@@ -15,6 +13,7 @@ from librefang_client.adapters.openai_agents import RECALL_HEADER, LibreFangSess
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from tests.e2e.live import running_service
+from tests.waiting import wait_until
 
 
 class ScriptedModel(Model):
@@ -56,10 +55,8 @@ async def test_it_remembers_a_session_and_recalls_it_in_a_new_one(service):
     assert [i.get("role") for i in map(dict, await first.get_items())] == ["user", "assistant"]
 
     lf = LibreFang(service.url, service.token)
-    end = time.monotonic() + 30
-    while not lf.memories.list("chef-bot", session_id="monday", include_shared=False).items:
-        assert time.monotonic() < end, "the turn was never stored"
-        time.sleep(0.2)
+    wait_until(lambda: lf.memories.list("chef-bot", session_id="monday", include_shared=False).items, 30,
+               "the turn stored by a worker")
     stored = lf.memories.list("chef-bot", session_id="monday").items[0]
     assert stored.content == "User: I'm allergic to hazelnuts\nAssistant: Noted." and stored.peer_id == "alex"
 

@@ -4,8 +4,6 @@ bound agent token refused for another agent."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from librefang_client import (
     AsyncLibreFang,
@@ -21,6 +19,7 @@ from librefang_client import (
 from librefang_client import models as m
 
 from tests.e2e.live import free_port, running_service
+from tests.waiting import wait_until
 
 HISTORY = [  # OpenAI Chat Completions, as an agent framework holds it
     {"role": "system", "content": "You are a travel agent."},
@@ -46,12 +45,8 @@ def lf(service):
 
 def recalled(lf: LibreFang, agent_id: str, message: str, **scope) -> m.IngestReply:
     """ingest until the worker has stored the turn (after_turn is fire-and-forget)."""
-    end = time.monotonic() + 30
-    while True:
-        reply = lf.ingest(agent_id, message, **scope)
-        if reply.memories or time.monotonic() > end:
-            return reply
-        time.sleep(0.2)
+    return wait_until(lambda: lf.ingest(agent_id, message, **scope), 30, f"{agent_id}'s turn recalled",
+                      until=lambda reply: reply.memories)
 
 
 def test_it_stores_a_turn_and_recalls_it_typed(lf):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from librefang_client import LibreFang
 
 from tests.e2e.live import REPO, running_service
+from tests.waiting import wait_until
 
 HERMES_PYTHON = REPO / ".venv-hermes" / "bin" / "python"
 DRIVER = Path(__file__).with_name("hermes_turns.py")
@@ -81,10 +81,9 @@ def test_hermes_remembers_a_session_recalls_it_in_the_next_and_compresses_throug
     (fact,) = lf.memories.list(hermes.agent_id, key="diet").items
     assert (fact.content, fact.peer_id, fact.tags) == ("I am vegetarian", "alex", ["hermes"])
 
-    end = time.monotonic() + 30  # sync_turn -> after_turn: stored by a worker a moment after its 202
-    while len(lf.memories.list(hermes.agent_id, session_id="monday", include_shared=False).items) < 2:
-        assert time.monotonic() < end, "the session's turns were never stored"
-        time.sleep(0.2)
+    # sync_turn -> after_turn: stored by a worker a moment after its 202
+    wait_until(lambda: lf.memories.list(hermes.agent_id, session_id="monday", include_shared=False).items, 30,
+               "the session's two turns stored", until=lambda items: len(items) >= 2)
     turns = {m.content for m in lf.memories.list(hermes.agent_id, session_id="monday").items if m.key is None}
     assert "User: I'm allergic to hazelnuts\nAssistant: Noted." in turns
     assert all(m.peer_id == "alex" for m in lf.memories.list(hermes.agent_id).items)

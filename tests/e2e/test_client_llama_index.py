@@ -6,7 +6,6 @@ into the prompt LlamaIndex assembles."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import pytest
@@ -21,6 +20,7 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.storage.chat_store.sql import MessageStatus
 
 from tests.e2e.live import free_port, running_service
+from tests.waiting import wait_until
 
 # llama-index's workflows inspect its pydantic models' deprecated attributes on every run: noise, not ours
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecationWarning")
@@ -58,11 +58,8 @@ def small_memory(session_id: str, block: LibreFangMemoryBlock) -> Memory:
 
 
 def stored(lf: LibreFang, agent_id: str, **scope) -> list:
-    end = time.monotonic() + 30  # after_turn: stored by a worker a moment after its 202
-    while not (items := lf.memories.list(agent_id, **scope).items):
-        assert time.monotonic() < end, "the turn was never stored"
-        time.sleep(0.2)
-    return items
+    # after_turn: stored by a worker a moment after its 202
+    return wait_until(lambda: lf.memories.list(agent_id, **scope).items, 30, f"{agent_id}'s turn stored")
 
 
 async def test_an_agent_remembers_a_session_and_recalls_it_in_a_new_one(service, agent_id):

@@ -13,6 +13,7 @@ import pytest
 from librefang_client import LibreFang, Unavailable
 
 from tests.own_redis import service_with_own_redis
+from tests.waiting import wait_until
 
 OUTAGE_SECS = 4.0
 TURN = [{"role": "user", "content": "My locker code is 4711"},
@@ -51,9 +52,6 @@ def test_it_stores_after_turn_through_a_redis_outage_without_the_caller_seeing_a
     assert refused and all(retry_after for _, retry_after in refused), statuses
     assert statuses[-1][0] == 202
 
-    end = time.monotonic() + 30
-    memories = []
-    while not memories and time.monotonic() < end:
-        memories = lf.memories.list("gym-bot", peer_id="kim", include_shared=False).items
-        time.sleep(0.2)
+    memories = wait_until(lambda: lf.memories.list("gym-bot", peer_id="kim", include_shared=False).items, 30,
+                          "the turn stored by a worker")
     assert memories and "locker code is 4711" in memories[0].content

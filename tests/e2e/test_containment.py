@@ -17,6 +17,7 @@ import pytest
 from engine.process import sandbox
 from tests.e2e.live import LiveService
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the service")
 
@@ -82,10 +83,8 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def gone(marker: str, within: float = 5.0) -> bool:
-    end = time.monotonic() + within
-    while marked_pids(marker) and time.monotonic() < end:
-        time.sleep(0.05)
-    return not marked_pids(marker)
+    return wait_until(lambda: marked_pids(marker), within, f"every process marked {marker} gone",
+                      until=lambda pids: not pids) == []
 
 
 SNOOP = """
@@ -159,8 +158,9 @@ def _sleeper(marker: str) -> str:
 def test_a_double_forked_daemon_does_not_outlive_its_hook(service, warm):
     marker = "e2e-daemon-" + secrets.token_hex(6)
     src = f"""
-    import json, os, sys, time
+    import json, os, sys
     sys.stdin.read()
+    ready, running = os.pipe()  # close-on-exec: the daemon's copy of `running` closes as it execs
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -169,8 +169,9 @@ def test_a_double_forked_daemon_does_not_outlive_its_hook(service, warm):
                 os.dup2(devnull, fd)
             os.execv(sys.executable, {_sleeper(marker)})
         os._exit(0)
+    os.close(running)
     os.wait()
-    time.sleep(0.3)
+    os.read(ready, 1)  # end of file: the daemon runs, its marker on its command line
     print(json.dumps({{"memories": [{{"content": json.dumps("daemonized")}}]}}))
     """
     name = f"daemonizer-{'warm' if warm else 'cold'}"
@@ -183,7 +184,8 @@ def test_a_bash_setsid_job_does_not_outlive_its_hook(service):
     src = f"""
     read -r _
     setsid sleep 1000.{stamp} </dev/null >/dev/null 2>&1 &
-    sleep 0.3
+    # until the job runs: "1000[.]<stamp>" matches its command line, not grep's own
+    until grep -qsa "1000[.]{stamp}" /proc/[0-9]*/cmdline; do sleep 0.01; done
     echo '{{"memories": [{{"content": "detached"}}]}}'
     """
     body = call_plugin(service, "setsid-bash", {"ingest": src}, {}, warm=False, runtime="bash")

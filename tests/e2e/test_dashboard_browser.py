@@ -7,22 +7,26 @@ import re
 import signal
 import sys
 import threading
-import time
 
 import pytest
 import redis
 from playwright.sync_api import expect
 
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 30_000  # generous: the machine is shared and may be under load
 
+# Says it started, then finishes once the test says so (a file in its data directory).
 STREAMING_INGEST = """
-import json, sys, time
+import json, os, sys, time
 req = json.loads(sys.stdin.read())
 print(f"started {req['message']}", file=sys.stderr, flush=True)
-time.sleep(4)
+go = os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "go")
+end = time.monotonic() + 20
+while not os.path.exists(go) and time.monotonic() < end:
+    time.sleep(0.01)
 print(f"finished {req['message']}", file=sys.stderr, flush=True)
 print(json.dumps({"type": "ingest_result", "memories": [{"content": "seen " + req["message"]}]}))
 """
@@ -40,7 +44,7 @@ req = json.loads(sys.stdin.read())
 tag = req["messages"][0]["content"]
 for i in range(12):
     print(f"{tag} line {i}", file=sys.stderr, flush=True)
-    time.sleep(0.5)
+    time.sleep(0.5)  # paced: lines keep coming while the web server restarts, the point of the test
 print(json.dumps({"type": "ok"}))
 """
 
@@ -142,7 +146,8 @@ def test_it_shows_stderr_lines_live_while_the_hook_runs(logged_in_page, live):
         "ingest", {"agent_id": "a1", "message": "kafka", "peer_id": "u1"})))
     call.start()
     expect(page.locator("#stderr-lines")).to_contain_text("started kafka", timeout=WAIT_MS)
-    still_running = call.is_alive()  # the hook sleeps 4 s after its first line
+    still_running = call.is_alive()  # the hook waits for the word below after its first line
+    (live.home / "plugin_data" / "livelog" / "go").touch()
     call.join(60)
     assert still_running, "the first stderr line only arrived after the hook had finished"
     expect(page.locator("#stderr-lines")).to_contain_text("finished kafka", timeout=WAIT_MS)
@@ -215,10 +220,13 @@ def test_it_neither_loses_nor_repeats_lines_across_a_websocket_reconnect(logged_
 
 
 FLOOD_AFTER_TURN = """
-import json, sys, time
+import json, os, sys, time
 tag = json.loads(sys.stdin.read())["messages"][0]["content"]
 if tag == "flood":
-    time.sleep(3)  # the web server is killed meanwhile
+    go = os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "go")
+    end = time.monotonic() + 20
+    while not os.path.exists(go) and time.monotonic() < end:  # until the test has killed the web server
+        time.sleep(0.01)
     for i in range(600):
         print(f"flood line {i}", file=sys.stderr)
 else:
@@ -247,11 +255,10 @@ def test_it_says_which_lines_it_missed_when_more_arrived_than_the_tail_keeps(log
     assert status == 202
     os.killpg(live.web.pid, signal.SIGKILL)
     live.web.wait(timeout=30)
+    (live.home / "plugin_data" / "flood" / "go").touch()  # the flood comes while the web server is down
     tail = f"{live.env['LIBREFANG_REDIS_PREFIX']}:stderr:tail:flood"
-    deadline = time.monotonic() + 60
-    while not r.lindex(tail, -1) or b"flood line 599" not in r.lindex(tail, -1):
-        assert time.monotonic() < deadline, "the worker never published the flood"
-        time.sleep(0.2)
+    wait_until(lambda: r.lindex(tail, -1), 60, "the worker to publish the flood",
+               until=lambda last: last and b"flood line 599" in last)
     _restart_web(live, kill=False)
     expect(page.locator("#stderr-lines")).to_contain_text("flood line 599", timeout=60_000)
     notice = page.locator("#stderr-lines .missed")

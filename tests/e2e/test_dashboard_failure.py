@@ -3,13 +3,15 @@ failing wherever it is named, pages survive Redis going away, a SIGKILLed worker
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
+import sqlite3
 import uuid
 
 import pytest
 
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 30_000
@@ -39,12 +41,9 @@ def test_it_shows_the_crashing_engine_plugin_failing_on_every_panel(live, logged
             status, reply = live.hook("ingest", {"agent_id": "fails", "message": f"m{i}", "peer_id": "u"})
             assert status == 200 and reply["source"] == "default" and "script_error" in reply["fallback_reason"]
             assert live.hook("after_turn", {"agent_id": "fails", "messages": [{"role": "user", "content": "x"}]})[0] == 202
-        end = time.monotonic() + 30  # traces are written in the background
-        while time.monotonic() < end:
-            body = live.request("GET", "/api/health", auth=False)[1]
-            if (body.get("failing") or {}).get(name, {}).get("ingest", {}).get("failures", 0) >= 6:
-                break
-            time.sleep(0.3)
+        body = wait_until(  # traces are written in the background
+            lambda: live.request("GET", "/api/health", auth=False)[1], 30, f"health to count {name}'s 6 failures",
+            until=lambda body: (body.get("failing") or {}).get(name, {}).get("ingest", {}).get("failures", 0) >= 6)
         failing = body["failing"][name]
         assert set(failing) == {"ingest"} and failing["ingest"]["last_error_kind"] == "script_error", body
         page = logged_in_page
@@ -191,17 +190,21 @@ def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_w
         password = (service.home / "admin_password").read_text().strip()
         context, page = _login(browser, service.url, password)
         killed: set[int] = set()
-        end = time.monotonic() + 120
-        while True:
+
+        def worker_of(doc: dict) -> dict:
+            return next(c for c in doc["children"] if c["role"] == "worker")
+
+        def killing_each_start() -> dict:
             doc = supervisor_status(service.home)
-            worker = next(c for c in doc["children"] if c["role"] == "worker")
-            if worker["state"] == "fatal":
-                break
-            assert time.monotonic() < end, f"not given up in 120 s: {worker}"
-            if worker["pid"] and worker["pid"] not in killed:
+            worker = worker_of(doc)
+            if worker["state"] != "fatal" and worker["pid"] and worker["pid"] not in killed:
                 os.kill(worker["pid"], signal.SIGKILL)
                 killed.add(worker["pid"])
-            time.sleep(0.05)
+            return doc
+
+        doc = wait_until(killing_each_start, 120, "the worker given up (killed at each start)",
+                         until=lambda doc: worker_of(doc)["state"] == "fatal")
+        worker = worker_of(doc)
         given_up = "given up: SIGKILL (possibly out of memory), 6 failed starts"
         assert worker["failed_starts"] == 6 and worker["pid"] is None, worker
         web = next(c for c in doc["children"] if c["role"] == "web")
@@ -227,10 +230,8 @@ def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_w
         page.wait_for_selector("[data-action='start again'][data-ok=true]", timeout=WAIT_MS)
         assert page.locator("[data-given-up]").count() == 0
         page.wait_for_selector('tr[data-child="worker 1"][data-state=running]', timeout=WAIT_MS)
-        end = time.monotonic() + 60
-        while (status := service.request("GET", "/api/health", auth=False)[0]) != 200:
-            assert time.monotonic() < end, service.request("GET", "/api/health", auth=False)[1]
-            time.sleep(0.2)
+        wait_until(lambda: service.request("GET", "/api/health", auth=False), 60, "health ok again",
+                   until=lambda answer: answer[0] == 200)
         _shot(page, screenshot_dir, "worker-started-again")
         assert "SIGUSR1: starting worker 1 again (given up after 6 failed starts: SIGKILL (possibly out of memory))" \
             in service.log.read_text()
@@ -266,13 +267,17 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait_for(self, test, timeout: float = 60) -> list[dict]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            found = [m for m in self.got if test(m)]
-            if found:
-                return found
-            time.sleep(0.2)
-        raise AssertionError(f"no such webhook call within {timeout}s; got {self.got[-5:]}")
+        """The calls that pass `test`, once there is one."""
+        wait_until(lambda: self.got[-5:], timeout, "a webhook call that passes the test",
+                   until=lambda _: any(test(m) for m in self.got))
+        return [m for m in self.got if test(m)]
+
+
+def evaluated_at(live, key: str) -> str | None:
+    """When the web tier's alert evaluator last measured `key`: every round rewrites its AlertState row."""
+    with contextlib.closing(sqlite3.connect(live.env["LIBREFANG_DB"], timeout=30)) as db:
+        row = db.execute("SELECT updated_at FROM plugins_app_alertstate WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
 
 
 def test_it_sends_an_alert_when_a_plugin_fails_and_a_resolved_one_after(live, logged_in_page, screenshot_dir):
@@ -301,7 +306,10 @@ def test_it_sends_an_alert_when_a_plugin_fails_and_a_resolved_one_after(live, lo
         assert receiver.wait_for(lambda m: m["path"] == "/slack" and name in m["body"] and "[FIRING]" in m["body"])
         ntfy = receiver.wait_for(lambda m: m["path"] == "/ntfy" and name in m["body"])
         assert ntfy[0]["headers"]["Title"] == "LibreFang firing: plugin_failing"
-        time.sleep(3)  # evaluated again and again meanwhile: still one message per webhook (deduplicated)
+        for _round in range(2):  # evaluated again and again meanwhile: still one message per webhook (deduplicated)
+            last = evaluated_at(live, key)
+            wait_until(lambda: evaluated_at(live, key), 30, f"{key} evaluated again",
+                       until=lambda at, last=last: at != last)
         assert len([m for m in receiver.got if m["path"] == "/json" and key in m["body"]]) == 1
         status, text = live.request("GET", "/api/context-engine/metrics/prometheus")
         assert f'librefang_alert_firing{{alert="{key}",rule="plugin_failing"}} 1.0' in text, text[-2000:]

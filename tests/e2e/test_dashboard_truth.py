@@ -15,6 +15,7 @@ from engine import hooks as H
 from engine.plugins.scaffold_templates import SCAFFOLD_HOOKS
 from engine.process.runtimes import RUNTIMES, find_launcher
 from plugins_app.selectors.examples import example_request
+from tests.waiting import wait_until
 
 SCAFFOLD_RUNTIMES = ["python", "node", "ruby", "php", "bash", "lua", "native", "deno", "bun", "go", "v", "wasm"]
 
@@ -58,13 +59,7 @@ def _traces(live, **filters) -> list[dict]:
 
 
 def _wait_for_trace(live, timeout: float = 20, **filters) -> dict:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        found = _traces(live, **filters)
-        if found:
-            return found[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no trace for {filters} within {timeout}s")
+    return wait_until(lambda: _traces(live, **filters), timeout, f"a trace for {filters}")[0]
 
 
 # ---- 1. scaffolded templates pass real agent calls, and the test console agrees -------------------------------
@@ -216,12 +211,12 @@ def test_it_shows_uninstalled_plugins_without_links_on_the_engine_page(live, log
         status, reply = live.hook(H.INGEST, example_request(H.INGEST))
         assert reply["source"] == name
     page = logged_in_page
-    end = time.monotonic() + 20
-    while time.monotonic() < end:  # calls are recorded in the background
+
+    def linked() -> int:  # calls are recorded in the background
         page.goto(f"{live.url}/engine/")
-        if page.locator(f"#engine-hook-ingest a[href='/plugins/{name}/']").count():
-            break
-        time.sleep(0.5)
+        return page.locator(f"#engine-hook-ingest a[href='/plugins/{name}/']").count()
+
+    wait_until(linked, 30, f"the engine page to link {name}'s ingest calls")
     status, body = live.request("POST", "/api/plugins/uninstall", {"name": name})
     assert status == 200, body
     page.goto(f"{live.url}/engine/")

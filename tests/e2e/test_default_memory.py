@@ -1,9 +1,18 @@
 """The default engine remembers, through a real service: after_turn (202, processed by the worker) is stored, ingest
 recalls it with a relevance score, and the memory API lists and deletes it. Its own service: no plugin configured."""
 
-import time
-
 from tests.e2e.live import running_service
+from tests.waiting import wait_until
+
+
+def _ingest(live, agent: str, message: str, **scope) -> dict:
+    status, reply = live.hook("ingest", {"agent_id": agent, "message": message, **scope})
+    assert status == 200, reply
+    return reply
+
+
+def _top(reply: dict) -> str | None:
+    return reply["memories"][0]["content"] if reply["memories"] else None
 
 
 def test_it_recalls_a_turn_in_default_mode_and_the_memory_api_deletes_it(tmp_path):
@@ -13,14 +22,10 @@ def test_it_recalls_a_turn_in_default_mode_and_the_memory_api_deletes_it(tmp_pat
             {"role": "assistant", "content": "Got it: releases every second Thursday."}]}
         status, body = live.hook("after_turn", turn)
         assert status == 202, body
-        deadline = time.monotonic() + 30
-        memories = []
-        while time.monotonic() < deadline and not memories:  # after_turn is fire-and-forget: wait for the worker
-            status, reply = live.hook("ingest", {"agent_id": "e2e-agent", "peer_id": "u9",
-                                                 "message": "when does the release train leave?"})
-            assert status == 200, reply
-            memories = reply["memories"]
-            time.sleep(0.2)
+        # after_turn is fire-and-forget: wait for the worker
+        reply = wait_until(lambda: _ingest(live, "e2e-agent", "when does the release train leave?", peer_id="u9"),
+                           30, "the turn recalled", until=lambda reply: reply["memories"])
+        memories = reply["memories"]
         assert reply["source"] == "default" and len(memories) == 1
         assert memories[0]["content"].startswith("User: The release train leaves every second Thursday")
         assert 0 < memories[0]["score"] <= 1
@@ -42,11 +47,8 @@ def test_it_recalls_by_meaning_with_no_configuration(tmp_path):
                 {"role": "user", "content": fact}, {"role": "assistant", "content": "Noted."}]})
             assert status == 202, body
         for fact, question in facts.items():
-            deadline = time.monotonic() + 30
-            top = None
-            while time.monotonic() < deadline and top != f"User: {fact}\nAssistant: Noted.":
-                status, reply = live.hook("ingest", {"agent_id": "meaning", "message": question})
-                assert status == 200, reply
-                top = reply["memories"][0]["content"] if reply["memories"] else None
-                time.sleep(0.2)
-            assert top == f"User: {fact}\nAssistant: Noted.", (question, reply)
+            turn = f"User: {fact}\nAssistant: Noted."
+            reply = wait_until(lambda question=question: _ingest(live, "meaning", question), 30,
+                               f"{fact!r} recalled first for {question!r}",
+                               until=lambda reply, turn=turn: _top(reply) == turn)
+            assert _top(reply) == turn, (question, reply)

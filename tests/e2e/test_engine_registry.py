@@ -8,6 +8,7 @@ import json
 import time
 
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 # Modelled on auto-summarizer / todo-tracker: after_turn writes ~/.librefang/plugins/<name>/<agent>.json and also
 # returns memories for the host's store; ingest reads the state file back. No `type` anywhere.
@@ -59,16 +60,15 @@ def test_it_runs_a_registry_shaped_plugin_unmodified_with_an_after_turn_to_inges
     assert status == 202, body
 
     state = fake_home / ".librefang" / "plugins" / "todo-tracker" / f"{agent}.json"
-    deadline = time.monotonic() + 60
-    memories: list = []
-    while time.monotonic() < deadline:
+
+    def ask() -> dict:
         status, reply = live.hook("ingest", {"agent_id": agent, "peer_id": "u1",
                                              "message": "what about the kafka certificate?"})
         assert status == 200, reply
-        memories = reply["memories"]
-        if len(memories) == 2:
-            break
-        time.sleep(0.3)
+        return reply
+
+    reply = wait_until(ask, 60, "two memories recalled", until=lambda reply: len(reply["memories"]) == 2)
+    memories = reply["memories"]
     assert json.loads(state.read_text()) == {"todos": ["renew the kafka certificate"]}
     # the after_turn memory, recalled by the default engine's full-text search, then the plugin's own memory
     recalled, own = memories
@@ -99,17 +99,12 @@ def test_it_keeps_registry_state_under_the_real_home_inside_the_sandbox(live, tm
     status, body = live.hook("after_turn", {"agent_id": agent, "messages": turn})
     assert status == 202, body
     state = live.home / "plugin_data" / name / ".librefang" / "plugins" / name / f"{agent}.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not state.exists():
-        time.sleep(0.2)
+    wait_until(state.exists, 60, f"the plugin's state file {state}")
     assert json.loads(state.read_text()) == {"todos": ["rotate the backup key"]}
     status, reply = live.hook("ingest", {"agent_id": agent, "message": "backup key?"})
     assert status == 200 and reply["source"] == name, reply
     assert {"content": "Open todos: rotate the backup key", "scope": "hook"} in reply["memories"]
-    deadline = time.monotonic() + 30
-    while True:  # traces are recorded in the background
-        status, trace = live.request("GET", f"/api/context-engine/traces/{reply['trace_ids'][0]}")
-        if status == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    status, trace = wait_until(  # traces are recorded in the background
+        lambda: live.request("GET", f"/api/context-engine/traces/{reply['trace_ids'][0]}"), 30,
+        "the ingest call's trace stored", until=lambda answer: answer[0] == 200)
     assert status == 200 and "api_token hidden" in trace["stderr_tail"], trace

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 
 def alive(pid: int) -> bool:
@@ -15,15 +15,6 @@ def alive(pid: int) -> bool:
             return fh.read().split(") ")[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def wait_until(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def pids_named(comm: str) -> list[int]:
@@ -58,12 +49,13 @@ def test_it_kills_running_hooks_when_the_worker_is_sigkilled(live):
     write_config(live.home, plugin="hangs-once")
     status, _ = live.hook("after_turn", {"agent_id": "crash", "messages": [{"role": "user", "content": "x"}]})
     assert status == 202
-    assert wait_until(lambda: len(pids_named(name)) == 1, 60), "the hook never started"
+    wait_until(lambda: pids_named(name), 60, f"the hook {name} started", until=lambda pids: len(pids) == 1)
     (first_pid,) = pids_named(name)
     assert alive(first_pid)
     live.kill_worker()
     try:
-        assert wait_until(lambda: not alive(first_pid), 15), "the hook outlived its SIGKILLed worker"
+        wait_until(lambda: alive(first_pid), 15, f"the hook (pid {first_pid}) gone with its SIGKILLed worker",
+                   until=lambda running: not running)
     finally:
         live.start_worker()
         live.wait_healthy(1, timeout=60)

@@ -39,7 +39,7 @@ while len(kids) < 3000:
     except OSError:
         break
     if pid == 0:
-        time.sleep(60)
+        time.sleep(60)  # a child that stays, counted until the kernel refuses more
         os._exit(0)
     kids.append(pid)
 for pid in kids:
@@ -71,7 +71,7 @@ def approve(svc: LiveService, name: str) -> None:
     permissions.py DbApprovals.NEGATIVE_TTL_SECS)."""
     out = svc.manage("plugin", "approve", name)
     assert "approved" in out.stdout
-    time.sleep(1.2)
+    time.sleep(1.2)  # the point: past that memory's 1 s, a deadline that must pass
 
 
 def redis_port(svc: LiveService) -> int:

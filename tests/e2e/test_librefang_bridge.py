@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 import tomllib
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from tests.e2e.live import free_port, running_service
 from tests.own_redis import service_with_own_redis
 from tests.plugin_factory import PY_ECHO_INGEST, make_plugin, write_config
+from tests.waiting import wait_until
 
 BRIDGE = Path(__file__).resolve().parents[2] / "clients" / "librefang-bridge"
 MANIFEST = tomllib.loads((BRIDGE / "plugin.toml").read_text())
@@ -65,15 +65,14 @@ def test_it_stores_a_turn_and_recalls_it_through_the_service(service, daemon):
     reply, done = run_hook(turn, daemon)
     assert (reply, done.returncode) == ({"type": "ok"}, 0), done.stderr
 
-    end = time.monotonic() + 30
-    while True:
+    def ask() -> dict:
         reply, done = run_hook({"type": "ingest", "agent_id": "bridged", "message": "what is my cat called?",
                                 "peer_id": None}, daemon)
         assert done.returncode == 0 and reply["type"] == "ingest_result", done.stderr
-        if any("Miso" in m["content"] for m in reply["memories"]):
-            break
-        assert time.monotonic() < end, f"never recalled: {reply}"
-        time.sleep(0.3)
+        return reply
+
+    reply = wait_until(ask, 30, "the cat's name recalled",
+                       until=lambda reply: any("Miso" in m["content"] for m in reply["memories"]))
     assert reply["source"] == "default"  # the service's own engine answered (no plugin configured)
 
 
@@ -81,14 +80,9 @@ def test_it_answers_with_the_services_plugin(service, daemon):
     make_plugin(service.home / "plugins", "echoer", {"ingest": PY_ECHO_INGEST})
     write_config(service.home, plugin="echoer")
     try:
-        end = time.monotonic() + 30
-        while True:
-            reply, done = run_hook({"type": "ingest", "agent_id": "bridged", "message": "hello",
-                                    "peer_id": "u1"}, daemon)
-            if reply.get("source") == "echoer":
-                break
-            assert time.monotonic() < end, f"the service never used its plugin: {reply} {done.stderr}"
-            time.sleep(0.3)
+        reply, done = wait_until(
+            lambda: run_hook({"type": "ingest", "agent_id": "bridged", "message": "hello", "peer_id": "u1"}, daemon),
+            30, "the service to use its plugin", until=lambda answer: answer[0].get("source") == "echoer")
         # the plugin's memory, after the default engine's recall (by meaning: this agent's nearest memories, if any)
         assert [m["content"] for m in reply["memories"]][-1] == "echo: hello" and done.returncode == 0
     finally:
@@ -153,7 +147,5 @@ def test_it_stores_after_turn_through_a_redis_outage_within_its_deadline(tmp_pat
         finally:
             restart.join()
         assert (reply, done.returncode) == ({"type": "ok"}, 0) and "did not answer" not in done.stderr
-        end = time.monotonic() + 30
-        while "4711" not in json.dumps(service.request("GET", "/api/memories?agent_id=gym")[1]):
-            assert time.monotonic() < end, "the turn was never stored"
-            time.sleep(0.3)
+        wait_until(lambda: service.request("GET", "/api/memories?agent_id=gym")[1], 30, "the turn stored",
+                   until=lambda memories: "4711" in json.dumps(memories))

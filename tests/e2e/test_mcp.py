@@ -19,6 +19,7 @@ from engine.home import Home
 from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import fixture_wasm, tool_manifest
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until, wait_until_async
 
 RECALL_INGEST = """
 import json, sys
@@ -114,9 +115,8 @@ def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live):
             live.request, "POST", "/api/tools/install", raw=T.package(tool_manifest("echo-mcp", wasm), wasm),
             headers={"Content-Type": "application/x-tar"})
         assert status == 201, info
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(map(is_list_changed, notes)):
-            await asyncio.sleep(0.2)
+        await wait_until_async(lambda: notes, 20, "the tool list-changed notification",
+                               until=lambda got: any(map(is_list_changed, got)))
         assert any(map(is_list_changed, notes)), notes
         tools = {t.name: t for t in (await session.list_tools()).tools}
         assert "echo-mcp" in tools and tools["echo-mcp"].input_schema["type"] == "object"
@@ -132,9 +132,8 @@ def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live):
         return body
 
     asyncio.run(session_run(live.url + "/mcp", live.token, scenario, notes))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (marker.exists() and "remember me over mcp" in marker.read_text()):
-        time.sleep(0.2)
+    wait_until(lambda: marker.exists() and marker.read_text(), 20, "the worker to run after_turn",
+               until=lambda text: text and "remember me over mcp" in text)
     assert marker.read_text().strip() == "remember me over mcp"  # the worker ran after_turn
 
     async def traces(session: ClientSession, init):
@@ -142,11 +141,9 @@ def test_it_serves_recall_remember_and_wasm_tools_over_mcp(live):
         return json.loads(got.contents[0].text)["traces"]
 
     # the MCP calls are traces of the plugin, marked as MCP (recorded by the worker in batches)
-    deadline = time.monotonic() + 15
-    found = []
-    while time.monotonic() < deadline and {t["hook"] for t in found} != {"ingest", "after_turn"}:
-        time.sleep(0.3)
-        found = asyncio.run(session_run(live.url + "/mcp", live.token, traces))
+    found = wait_until(lambda: asyncio.run(session_run(live.url + "/mcp", live.token, traces)), 15,
+                       "traces of ingest and after_turn", until=lambda got: {t["hook"] for t in got} == {
+                           "ingest", "after_turn"})
     assert {(t["hook"], t["origin"]) for t in found} == {("ingest", "mcp"), ("after_turn", "mcp")}, found
 
 

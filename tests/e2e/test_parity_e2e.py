@@ -6,7 +6,7 @@ from tests.plugin_factory import PY_ECHO_INGEST, make_plugin
 SLOW_AFTER_TURN = """
 import json, sys, time
 sys.stdin.read()
-time.sleep(0.05)
+time.sleep(0.05)  # the point: each run takes at least 50 ms, as the benchmark must show
 print(json.dumps({"type": "ok"}))
 """
 

@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.live import LiveService
 from tests.own_redis import service_with_own_redis
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 INGEST = """
 import json, sys
@@ -84,30 +85,34 @@ def test_it_survives_a_redis_outage_without_500s_or_lost_after_turns(outage_serv
                 status, headers, reply = call(service, hook, body)
                 with lock:
                     results.append((time.monotonic(), hook, status, headers, {**(reply or {}), "_turn": turn}, sent))
-            time.sleep(0.05)
+            stop.wait(0.05)  # an agent's pause between turns: the traffic's pace
 
     threads = [threading.Thread(target=agent, args=(n,), daemon=True) for n in range(4)]
     for t in threads:
         t.start()
     health_during: list[int] = []
     try:
-        def plugin_answered() -> bool:
+        def ingest_answers() -> list[dict]:
             with lock:
-                return any(h == "ingest" and b.get("source") == "steady" for _, h, _, _, b, _ in results)
+                return [b for _, h, _, _, b, _ in results if h == "ingest"]
 
-        end = time.monotonic() + 30
-        while not plugin_answered() and time.monotonic() < end:
-            time.sleep(0.2)
-        assert plugin_answered(), f"the plugin did not answer before the outage: {[r[4] for r in results][:3]}"
-        time.sleep(1)
+        wait_until(ingest_answers, 30, "the plugin to answer before the outage",
+                   until=lambda answers: any(b.get("source") == "steady" for b in answers))
+        time.sleep(1)  # traffic running for a while before the outage is the point
         killed_at = time.monotonic()
         redis.kill()
         while time.monotonic() - killed_at < OUTAGE_SECS:
             health_during.append(service.request("GET", "/api/health", auth=False, timeout=10)[0])
-            time.sleep(0.3)
+            time.sleep(0.3)  # health sampled through the outage, whose length is the point
         redis.start()
         back_at = time.monotonic()
-        time.sleep(BACK_WITHIN_SECS + 3)
+
+        def plugin_back() -> bool:
+            with lock:
+                return any(answered > back_at and h == "ingest" and b.get("source") == "steady"
+                           for answered, h, _, _, b, _ in results)
+
+        wait_until(plugin_back, 60, "the plugin to answer again after Redis came back")
     finally:
         stop.set()
         for t in threads:
@@ -131,13 +136,11 @@ def test_it_survives_a_redis_outage_without_500s_or_lost_after_turns(outage_serv
     assert back[0][0] - back_at <= BACK_WITHIN_SECS, f"plugin back only {back[0][0] - back_at:.1f}s after Redis"
 
     accepted = {r[4]["_turn"] for r in results if r[1] == "after_turn" and r[2] == 202}
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        done = set(turns_file.read_text().split()) if turns_file.exists() else set()
-        if accepted <= done:
-            break
-        time.sleep(0.5)
-    missing = accepted - done
+
+    def not_run() -> set[str]:
+        return accepted - (set(turns_file.read_text().split()) if turns_file.exists() else set())
+
+    missing = wait_until(not_run, 60, "every accepted after_turn job run", until=lambda missing: not missing)
     assert not missing, f"{len(missing)} of {len(accepted)} accepted after_turn jobs never ran: {sorted(missing)[:5]}"
     status, body = service.request("GET", "/api/health", auth=False)
     assert status == 200 and body["status"] == "ok", body

@@ -11,13 +11,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.live import REPO, LiveService
+from tests.waiting import wait_until
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_ADMIN_URL = f"postgres://postgres@{PG_HOST}:{PG_PORT}/postgres"
@@ -93,7 +93,7 @@ def ingest_hook(version: str) -> str:
 AFTER_TURN = textwrap.dedent("""
     import json, os, sys, time
     req = json.loads(sys.stdin.read())
-    time.sleep(0.4)
+    time.sleep(0.4)  # each job takes a while, so that some are in flight when a worker is killed
     with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "ran.log"), "a") as fh:
         fh.write(req["messages"][0]["content"] + "\\n")
     print(json.dumps({"type": "ok"}))
@@ -111,15 +111,6 @@ def ingest(cluster: Cluster, i: int) -> str:
 def worker_of(cluster: Cluster, marker: str) -> Path:
     data_dir = Path(marker.split("|")[1])
     return next(home for home in cluster.worker_homes.values() if data_dir.is_relative_to(home))
-
-
-def wait_until(cond, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return cond()
 
 
 def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
@@ -150,8 +141,8 @@ def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
         return cluster.request("GET", "/api/health", auth=False)[1]["workers"]
 
     # each worker says where it runs, how busy the host is and what its bundle cache holds
-    assert wait_until(lambda: len(heartbeats()) == 2 and all(
-        w.get("bundle_cache", {}).get("bundles", 0) >= 1 for w in heartbeats()), 20), heartbeats()
+    wait_until(heartbeats, 20, "two heartbeats, each with a bundle in its cache", until=lambda beats: len(beats) == 2
+               and all(w.get("bundle_cache", {}).get("bundles", 0) >= 1 for w in beats))
     for beat in heartbeats():
         assert beat["pid"] in cluster.worker_homes and beat["host"] == socket.gethostname()
         assert beat["concurrency"] == 2 and len(beat["load"]) == 3 and beat["bundle_cache"]["bytes"] > 0
@@ -178,7 +169,7 @@ def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
                                                                                    "content": f"job-{i}"}]})
         assert status == 202, body
     victim_log = victim_home / "plugin_data" / name / "ran.log"
-    assert wait_until(victim_log.exists, 60), "the victim never ran an after_turn job"
+    wait_until(victim_log.exists, 60, "the victim to run an after_turn job")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=30)
     cluster.workers.remove(victim)
@@ -186,7 +177,7 @@ def test_it_runs_one_consistent_plugin_set_on_workers_without_plugins(cluster):
     def ran() -> set[str]:
         return {line for log in logs if log.exists() for line in log.read_text().split()}
 
-    assert wait_until(lambda: {f"job-{i}" for i in range(16)} <= ran(), 120), sorted(ran())
+    wait_until(ran, 120, "every after_turn job run", until=lambda done: {f"job-{i}" for i in range(16)} <= done)
     survivor_log = cluster.worker_homes[survivor.pid] / "plugin_data" / name / "ran.log"
     print(f"after_turn: {len(victim_log.read_text().split())} on the killed worker, "
           f"{len(survivor_log.read_text().split())} on the survivor (at least once)")
@@ -237,7 +228,8 @@ def test_prewarm_then_agent_affinity_across_two_worker_hosts(cluster):
         stat = Path(f"/proc/{zygote}/stat").read_text()
         assert int(stat.rsplit(")", 1)[1].split()[1]) == w["pid"]  # its parent is that worker
         assert any((cluster.worker_homes[w["pid"]] / "bundles").iterdir())
-    assert wait_until(lambda: all(w.get("zygote_pids") for w in heartbeats().values()), 10), heartbeats()
+    wait_until(heartbeats, 10, "every heartbeat naming its zygote",
+               until=lambda beats: all(w.get("zygote_pids") for w in beats.values()))
 
     # affinity: every call of one agent, ingest and after_turn, runs on one worker host
     agents = [f"agent-{i}" for i in range(4)]
@@ -257,7 +249,7 @@ def test_prewarm_then_agent_affinity_across_two_worker_hosts(cluster):
         return log.read_text().split() if log.exists() else []
 
     all_homes = list(cluster.worker_homes.values())
-    assert wait_until(lambda: sum(len(ran(h)) for h in all_homes) >= 16, 30)
+    wait_until(lambda: sum(len(ran(h)) for h in all_homes), 30, "16 after_turn runs", until=lambda n: n >= 16)
     for a in agents:
         assert len(homes[a]) == 1, homes
         (home,) = homes[a]
@@ -275,13 +267,14 @@ def test_prewarm_then_agent_affinity_across_two_worker_hosts(cluster):
     for i in range(3):  # the web tier still sees the dead host's heartbeat for a few seconds: queued there
         assert cluster.hook("after_turn", {"agent_id": target, "messages": [
             {"role": "user", "content": f"late-{i}"}]})[0] == 202
-    assert wait_until(lambda: set(heartbeats()) == {p.pid for p in cluster.workers}, 20), heartbeats()
+    wait_until(heartbeats, 20, "the live workers' heartbeats only",
+               until=lambda beats: set(beats) == {p.pid for p in cluster.workers})
     for i in range(3):
         status, body = cluster.hook("ingest", {"agent_id": target, "message": f"after-{i}", "peer_id": None})
         (marker,) = [m["content"] for m in body["memories"] if m["content"].startswith("v1|")]
         assert worker_of(cluster, marker) == survivor_home
-    assert wait_until(lambda: {f"{target}|late-{i}" for i in range(3)} <= set(ran(survivor_home)), 60), \
-        ran(survivor_home)
+    wait_until(lambda: ran(survivor_home), 60, "the late jobs run on the survivor",
+               until=lambda lines: {f"{target}|late-{i}" for i in range(3)} <= set(lines))
     # they were in the dead host's stream: the survivor moved them (plugins_app/bus/affinity.py, rehome_dead_hosts)
     moved = re.findall(r"moved (\d+) job\(s\) of worker hosts", (cluster.logs / f"{survivor_home.name}.log").read_text())
     assert sum(int(n) for n in moved) >= 3, moved

@@ -25,6 +25,7 @@ import pytest
 from plugins_app.selectors.supervisor import supervisor_status
 from tests.e2e.live import REPO, free_port
 from tests.plugin_factory import make_plugin
+from tests.waiting import WaitTimedOut, wait_until
 
 DEADLINE_SECS = 5  # the plugin's hook_timeout_secs: a blocking call must answer within this + 1 s (it also bounds
 # after_turn runs, so it leaves room for a hook started on a loaded machine)
@@ -63,18 +64,13 @@ class Supervised:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "librefang_site.cli", "start"], env=self.env,
                                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
+        def health() -> tuple[int, object]:
             assert self.proc.poll() is None, f"librefang start exited:\n{self.log.read_text()}"
-            try:
-                status, body = self.request("GET", "/api/health", auth=False, timeout=5)
-                if status == 200 and body.get("workers"):
-                    self.token = (self.home / "api_token").read_text().strip()
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"not healthy in 120 s:\n{self.log.read_text()}")
+            return self.request("GET", "/api/health", auth=False, timeout=5)
+
+        wait_until(health, 120, f"librefang start to be healthy with a worker (log: {self.log})",
+                   until=lambda answer: answer[0] == 200 and answer[1].get("workers"), ignoring=(OSError,))
+        self.token = (self.home / "api_token").read_text().strip()
 
     def request(self, method: str, path: str, body=None, *, auth=True, timeout: float = 30):
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode() if body is not None else None,
@@ -185,34 +181,39 @@ class Traffic:
                         self.cut += 1
                     else:
                         self.errors.append(repr(exc))
-            time.sleep(0.05)
+            self.stop.wait(0.05)  # an agent's pause between turns: the traffic's pace
+
+    def accepted_now(self) -> int:
+        with self.lock:
+            return len(self.accepted)
+
+    def accepted_since(self, count: int) -> list[str]:
+        with self.lock:
+            return self.accepted[count:]
+
+    def wait_accepted(self, more: int, what: str) -> None:
+        """Until `more` after_turn calls beyond those accepted so far are accepted (202)."""
+        target = self.accepted_now() + more
+        wait_until(self.accepted_now, 60, f"{more} more after_turn calls accepted ({what})",
+                   until=lambda n: n >= target)
 
 
-def wait_for(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+def ran_lines(ran: Path) -> list[str]:
+    return ran.read_text().split() if ran.exists() else []
 
 
 def every_accepted_ran(service: Supervised, ran: Path, accepted: list[str], timeout: float = 60) -> None:
     """Each after_turn answered 202 ran at least once (a line in the hook's log); re-runs are allowed."""
-    end = time.monotonic() + timeout
-    while True:
-        lines = ran.read_text().split() if ran.exists() else []
-        missing = sorted(set(accepted) - set(lines))
-        if not missing:
-            runs = sum(1 for line in lines if line in set(accepted))
-            print(f"after_turn: {len(accepted)} accepted, {runs} runs ({runs - len(set(accepted))} re-runs)")
-            return
-        if time.monotonic() > end:
-            _, health = service.request("GET", "/api/health", auth=False)
-            raise AssertionError(f"{len(missing)} of {len(accepted)} accepted after_turn never ran after "
-                                 f"{timeout} s: {missing[:10]}; health: {health}")
-        time.sleep(0.2)
+    try:
+        lines = wait_until(lambda: ran_lines(ran), timeout, f"every one of {len(accepted)} accepted after_turn run",
+                           until=lambda lines: set(accepted) <= set(lines))
+    except WaitTimedOut as exc:
+        missing = sorted(set(accepted) - set(ran_lines(ran)))
+        _, health = service.request("GET", "/api/health", auth=False)
+        raise AssertionError(f"{len(missing)} of {len(accepted)} accepted after_turn never ran after "
+                             f"{timeout} s: {missing[:10]}; health: {health}") from exc
+    runs = sum(1 for line in lines if line in set(accepted))
+    print(f"after_turn: {len(accepted)} accepted, {runs} runs ({runs - len(set(accepted))} re-runs)")
 
 
 def plugin_answers(service: Supervised) -> bool:
@@ -230,19 +231,24 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
                     toml_extra=f"hook_timeout_secs = {DEADLINE_SECS}")
         status, body = service.request("PUT", "/api/context-engine/config", {"plugin": "steady"})
         assert status == 200, body
-        wait_for(lambda: plugin_answers(service), 30, "the plugin to answer")
+        wait_until(lambda: plugin_answers(service), 30, "the plugin to answer")
+        ran = service.home / "plugin_data" / "steady" / "ran.log"
 
         recoveries = []
         with Traffic(service, "workerkill") as traffic:
-            time.sleep(1.0)
+            time.sleep(1.0)  # traffic running for a while before the kill is the point
             for _kill in range(2):
-                pid = wait_for(service.worker_pid, 30, "a running worker")
+                pid = wait_until(service.worker_pid, 30, "a running worker")
                 os.kill(pid, signal.SIGKILL)
                 killed_at = time.monotonic()
-                wait_for(lambda pid=pid: (service.worker_pid() or pid) != pid, 60, "the worker's restart")
-                wait_for(lambda: plugin_answers(service), 30, "the plugin to answer after the kill")
+                wait_until(service.worker_pid, 60, "the worker's restart",
+                           until=lambda new, pid=pid: new not in (None, pid))
+                wait_until(lambda: plugin_answers(service), 30, "the plugin to answer after the kill")
                 recoveries.append(time.monotonic() - killed_at)
-                time.sleep(1.0)  # traffic reaches the new worker before it is killed again
+                # traffic reaches the new worker before it is killed again: a turn accepted from now on has run
+                since = traffic.accepted_now()
+                wait_until(lambda since=since: set(traffic.accepted_since(since)) & set(ran_lines(ran)), 60,
+                           "a turn accepted after the restart run by the new worker")
         print(f"\nplugin answering again {', '.join(f'{r:.1f}' for r in recoveries)} s after each kill; "
               f"{len(traffic.ingest)} ingest calls (slowest {max(call[0] for call in traffic.ingest):.2f} s), "
               f"{len(traffic.accepted)} after_turn accepted")
@@ -259,8 +265,6 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert slow == [], f"blocking calls over their deadline (s, status, source, reason, web ms): {slow}"
         assert {call[2] for call in traffic.ingest} <= {"steady", "default"}
         assert recoveries[-1] <= 10
-
-        ran = service.home / "plugin_data" / "steady" / "ran.log"
 
         every_accepted_ran(service, ran, traffic.accepted)
 
@@ -279,12 +283,12 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         # daphne itself dies: the supervisor restarts it on the listening socket it holds, so agents wait
         # instead of being refused (only calls daphne was holding at that instant are cut).
         with Traffic(service, "webkill") as traffic:
-            time.sleep(1.0)
+            time.sleep(1.0)  # traffic running for a while before the kill is the point
             os.kill(web["pid"], signal.SIGKILL)
-            wait_for(lambda: next(c for c in supervisor_status(service.home)["children"]
-                                  if c["role"] == "web")["pid"] not in (None, web["pid"]), 30, "daphne's restart")
-            wait_for(lambda: plugin_answers(service), 60, "the plugin to answer after daphne's restart")
-            time.sleep(1.0)
+            wait_until(lambda: next(c for c in supervisor_status(service.home)["children"] if c["role"] == "web"),
+                       30, "daphne's restart", until=lambda new: new["pid"] not in (None, web["pid"]))
+            wait_until(lambda: plugin_answers(service), 60, "the plugin to answer after daphne's restart")
+            traffic.wait_accepted(8, "through the new daphne")
         print(f"daphne SIGKILLed: {len(traffic.ingest)} ingest calls, {traffic.cut} cut mid-request, "
               f"{traffic.refused} refused")
         assert traffic.refused == 0 and traffic.errors == []
@@ -300,7 +304,7 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         log = service.log.read_text()
         stops = [line for line in log.splitlines() if ") stopped with " in line]
         assert [line.split("librefang.supervisor: ")[1].split(" (")[0] for line in stops] == ["web", "worker 1"], stops
-        wait_for(lambda: not service.leftovers(), 5, "no process left behind")
+        wait_until(service.leftovers, 5, "no process left behind", until=lambda left: not left)
         with pytest.raises(ProcessLookupError):
             os.killpg(service.proc.pid, 0)
         assert supervisor_status(service.home) is None

@@ -8,13 +8,14 @@ import urllib.parse
 import websockets
 
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 STREAMING_INGEST = """
 import json, sys, time
 req = json.loads(sys.stdin.read())
 for i in range(3):
     print(f"step {i} of {req['message']}", file=sys.stderr, flush=True)
-    time.sleep(0.4)
+    time.sleep(0.4)  # paced: the first line must arrive well before the answer (measured below)
 print(json.dumps({"type": "ingest_result", "memories": [{"content": "recalled " + req["message"]}]}))
 """
 
@@ -96,7 +97,7 @@ def test_it_refuses_websockets_without_credentials(live):
 AFTER_TURN_LOGGER = """
 import json, os, sys, time
 req = json.loads(sys.stdin.read())
-time.sleep(0.3)
+time.sleep(0.3)  # each job takes a while, so that some are in flight when the worker is killed
 with open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "ran.log"), "a") as fh:
     fh.write(req["messages"][0]["content"] + "\\n")
 print(json.dumps({"type": "ok"}))
@@ -113,13 +114,8 @@ def test_it_loses_no_after_turn_job_when_the_worker_is_killed(live):
     live.kill_worker()  # SIGKILL, mid-flight: some jobs delivered-but-unacked, some still queued
     live.start_worker()
     live.wait_healthy(1)
-    end = time.monotonic() + 60
-    seen: list[str] = []
-    while time.monotonic() < end:
-        seen = ran.read_text().split() if ran.exists() else []
-        if {f"job-{i}" for i in range(20)} <= set(seen):
-            break
-        time.sleep(0.2)
+    seen = wait_until(lambda: ran.read_text().split() if ran.exists() else [], 60, "every job run",
+                      until=lambda seen: {f"job-{i}" for i in range(20)} <= set(seen))
     assert {f"job-{i}" for i in range(20)} <= set(seen)
     # At-least-once: a job whose hook finished before the kill but was not yet stored may run again.
     assert len(seen) >= 20
@@ -129,18 +125,22 @@ def test_it_loses_no_after_turn_job_when_the_worker_is_killed(live):
 
 
 def _drains(live) -> bool:
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        _, health = live.request("GET", "/api/health", auth=False)
-        if health["queue"]["pending"] == 0 and health["queue"]["length"] == 0:
-            return True
-        time.sleep(0.2)
-    return False
+    wait_until(lambda: live.request("GET", "/api/health", auth=False)[1]["queue"], 30, "the queue to drain",
+               until=lambda queue: queue["pending"] == 0 and queue["length"] == 0)
+    return True
+
+
+# Says it runs (a file in its data directory), then hangs.
+RUNS_THEN_HANGS = """
+import os, sys, time
+sys.stdin.read()
+open(os.path.join(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "running"), "w").close()
+time.sleep(20)
+"""
 
 
 def test_it_answers_with_the_default_engine_when_the_worker_dies_mid_call(live):
-    make_plugin(live.home / "plugins", "doomed", {"ingest": "import sys, time\nsys.stdin.read()\ntime.sleep(20)\n"},
-                toml_extra="hook_timeout_secs = 3")
+    make_plugin(live.home / "plugins", "doomed", {"ingest": RUNS_THEN_HANGS}, toml_extra="hook_timeout_secs = 3")
     write_config(live.home, plugin="doomed")
     outcome: dict = {}
 
@@ -153,7 +153,8 @@ def test_it_answers_with_the_default_engine_when_the_worker_dies_mid_call(live):
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(1.0)  # the worker has the job and its hook is running
+    running = live.home / "plugin_data" / "doomed" / "running"
+    wait_until(running.exists, 30, "the worker running the hook")
     live.kill_worker()
     caller.join(30)
     live.start_worker()
@@ -173,8 +174,7 @@ def test_it_answers_waiting_calls_with_the_default_engine_when_daphne_is_stopped
     from tests.e2e.live import running_service
 
     with running_service(tmp_path) as service:
-        make_plugin(service.home / "plugins", "slowpoke", {"ingest": "import sys, time\nsys.stdin.read()\ntime.sleep(20)\n"},
-                    toml_extra="hook_timeout_secs = 15")
+        make_plugin(service.home / "plugins", "slowpoke", {"ingest": RUNS_THEN_HANGS}, toml_extra="hook_timeout_secs = 15")
         write_config(service.home, plugin="slowpoke")
         outcome: dict = {}
 
@@ -183,7 +183,8 @@ def test_it_answers_waiting_calls_with_the_default_engine_when_daphne_is_stopped
 
         caller = threading.Thread(target=call)
         caller.start()
-        time.sleep(1.5)  # the call waits on its (sleeping) hook
+        running = service.home / "plugin_data" / "slowpoke" / "running"
+        wait_until(running.exists, 30, "the call waiting on its running hook")
         stopped_at = time.monotonic()
         os.killpg(service.web.pid, signal.SIGTERM)
         caller.join(30)

@@ -12,12 +12,14 @@ from engine import wasm as W
 from engine.wasm import tools as T
 from tests.fixtures.wasm.wat import compile_wat, fixture_wasm, tool_manifest
 from tests.plugin_factory import write_config
+from tests.waiting import wait_until
 
 REPLY = {"type": "ingest_result", "memories": [{"content": "remembered by wasm"}]}
 
 
-async def _first_line(url: str, timeout: float) -> dict | None:
+async def _first_line(url: str, timeout: float, connected: asyncio.Event) -> dict | None:
     async with websockets.connect(url) as ws:
+        connected.set()  # accepted: the consumer joined its group before accepting (plugins_app/consumers.py)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
@@ -27,6 +29,10 @@ async def _first_line(url: str, timeout: float) -> dict | None:
             if "line" in msg:
                 return msg
     return None
+
+
+def hook_stats(live, plugin: str) -> dict | None:
+    return live.request("GET", "/api/context-engine/metrics")[1]["plugins"].get(plugin, {}).get("ingest")
 
 
 def test_it_answers_ingest_from_a_wasm_hook_and_streams_its_az_log_line(live):
@@ -39,8 +45,9 @@ def test_it_answers_ingest_from_a_wasm_hook_and_streams_its_az_log_line(live):
     url = f"{live.ws_url}/ws/stderr/wasm-e2e/?format=json&token={urllib.parse.quote(live.token)}"
 
     async def scenario():
-        collector = asyncio.create_task(_first_line(url, 20))
-        await asyncio.sleep(0.5)  # let the websocket join its group first
+        connected = asyncio.Event()
+        collector = asyncio.create_task(_first_line(url, 20, connected))
+        await asyncio.wait_for(connected.wait(), 20)  # live lines only: the websocket joins its group first
         result = await asyncio.to_thread(live.hook, "ingest", {"agent_id": "a1", "message": "hello"})
         return result, await collector
 
@@ -51,12 +58,9 @@ def test_it_answers_ingest_from_a_wasm_hook_and_streams_its_az_log_line(live):
     assert line is not None, "no stderr line arrived on the websocket"
     assert line["line"] == "[INFO] wasm-e2e: ingest says hi"
     assert line["plugin"] == "wasm-e2e" and line["hook"] == "ingest"
-    end = time.monotonic() + 20  # metrics are written by the worker's recording thread: poll
-    while time.monotonic() < end:
-        stats = live.request("GET", "/api/context-engine/metrics")[1]["plugins"].get("wasm-e2e", {}).get("ingest")
-        if stats and stats["successes"]:
-            break
-        time.sleep(0.1)
+    # metrics are written by the worker's recording thread
+    stats = wait_until(lambda: hook_stats(live, "wasm-e2e"), 20, "a success in wasm-e2e's ingest metrics",
+                       until=lambda stats: stats and stats["successes"])
     assert stats and stats["successes"] >= 1
 
 
@@ -70,12 +74,8 @@ def test_it_falls_back_when_a_wasm_hook_loops_and_keeps_serving(live):
     status, body = live.hook("ingest", {"agent_id": "a1", "message": "hello"})
     # "timeout" from the worker, or "deadline_exceeded" if a loaded machine made the reply later than the deadline.
     assert status == 200 and body["source"] == "default" and body["fallback_reason"]
-    end = time.monotonic() + 20
-    while time.monotonic() < end:
-        stats = live.request("GET", "/api/context-engine/metrics")[1]["plugins"].get("wasm-spin", {}).get("ingest")
-        if stats and stats["failures"]:
-            break
-        time.sleep(0.1)
+    stats = wait_until(lambda: hook_stats(live, "wasm-spin"), 20, "a failure in wasm-spin's ingest metrics",
+                       until=lambda stats: stats and stats["failures"])
     assert stats["failures"] >= 1 and "time limit" in json.dumps(stats.get("last_error"))
     status, health = live.request("GET", "/api/health")
     assert status == 200 and health["workers"]
@@ -111,12 +111,9 @@ def test_it_runs_a_tool_from_the_dashboard_console(live, logged_in_page, screens
     wasm = fixture_wasm("echo")
     data = T.package(tool_manifest("echo-ui", wasm, description="echo from the dashboard"), wasm)
     live.request("POST", "/api/tools/install", raw=data, headers={"Content-Type": "application/x-tar"})
-    end = time.monotonic() + 20  # the install queued a describe job: a worker reads the module's own name
-    while time.monotonic() < end:
-        tool = live.request("GET", "/api/tools/echo-ui")[1]
-        if tool.get("module_name"):
-            break
-        time.sleep(0.1)
+    # the install queued a describe job: a worker reads the module's own name
+    tool = wait_until(lambda: live.request("GET", "/api/tools/echo-ui")[1], 20, "the tool's module name",
+                      until=lambda tool: tool.get("module_name"))
     assert tool["module_name"] == "echo_plugin"
     page = logged_in_page
     page.goto(live.url + "/tools/")

@@ -209,7 +209,7 @@ def test_after_turn_max_chars_zero_sends_whole_messages(engine, ehome, sinks):
 BOOTSTRAP = """
 import json, sys, time
 req = json.loads(sys.stdin.read())
-time.sleep(1.3)
+time.sleep(1.3)  # the point: longer than the 1 s timeout, within the twice that bootstrap gets
 print(json.dumps({"type": "ok", "env_overrides": {"FROM_BOOT": "yes", "STATIC": "boot"}, "ingest_filter": "magic"}))
 """
 ENV_INGEST = """

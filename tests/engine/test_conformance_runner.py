@@ -19,6 +19,7 @@ from engine import protocol as P
 from engine.process.runner import BLOCKED_ENV_VARS, network_isolation_available
 from engine.protocol import EmptyOutput, parse_output
 from tests.engine.helpers import pid_alive, run
+from tests.waiting import wait_until
 
 
 @pytest.fixture(params=["isolated", "degraded"])
@@ -41,15 +42,6 @@ def pdir(tmp_path) -> Path:
     d = tmp_path / "plug"
     d.mkdir()
     return d
-
-
-def wait_until(cond, timeout=15.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 # ---- output parsing: the last stdout line that parses as JSON wins ----
@@ -212,7 +204,7 @@ def test_it_kills_the_whole_process_group_on_timeout(spawn_mode, pdir):
     """
     r = run(pdir, src, timeout=2)
     assert r.failure.kind == P.TIMEOUT
-    assert wait_until(lambda: not marked_pids(marker), 5)
+    wait_until(lambda: marked_pids(marker), 5, f"the grandchild {marker} gone", until=lambda pids: not pids)
 
 
 def test_it_returns_promptly_when_a_grandchild_keeps_the_pipes_open(pdir):
@@ -374,11 +366,11 @@ def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, t
     """)
     worker = subprocess.Popen([sys.executable, "-c", driver])
     try:
-        assert wait_until(lambda: marked_pids(marker), 30)
+        wait_until(lambda: marked_pids(marker), 30, f"the hook {marker} running")
         [hook_pid] = marked_pids(marker)
         worker.kill()
         worker.wait(10)
-        assert wait_until(lambda: not pid_alive(hook_pid), 10)
+        wait_until(lambda: not pid_alive(hook_pid), 10, f"the hook (pid {hook_pid}) gone with its worker")
     finally:
         worker.kill()
 

@@ -4,10 +4,10 @@ differences from LibreFang listed under "Stacks" in docs/compatibility.md."""
 from __future__ import annotations
 
 import threading
-import time
 
 from tests.engine.test_conformance_hooks import FAIL, MSGS, recorder, requests_seen
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import WaitTimedOut, wait_until
 
 
 def mem(content):
@@ -38,12 +38,12 @@ print(json.dumps({reply}))
 
 def _go_once_all_started(dirs: list, timeout: float = 20.0) -> threading.Thread:
     def watch():
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not all((d / "started").exists() for d in dirs):
-            time.sleep(0.01)
-        if all((d / "started").exists() for d in dirs):
-            for d in dirs:
-                (d / "go").touch()
+        try:
+            wait_until(lambda: all((d / "started").exists() for d in dirs), timeout, "every layer started")
+        except WaitTimedOut:
+            return  # no go: the layers fail saying the other never started
+        for d in dirs:
+            (d / "go").touch()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -134,6 +134,7 @@ def test_bootstrap_and_subagent_hooks_run_every_layer_in_order_past_failures(eng
 
 
 def test_each_layer_uses_its_own_timeout(engine, ehome):
+    # 3 s is the point: longer than one layer's timeout, well within the other's
     sleepy = "import json, sys, time; sys.stdin.read(); time.sleep(3); print(json.dumps(%s))"
     stack(ehome, {"quick": {"ingest": sleepy % mem("q")}, "patient": {"ingest": sleepy % mem("p")}},
           toml={"quick": "hook_timeout_secs = 0.5", "patient": "hook_timeout_secs = 20"})
