@@ -257,11 +257,12 @@ def test_it_restarts_a_sigkilled_worker_while_agents_call_and_stops_cleanly_on_s
         assert traffic.errors == []
         assert all(call[1] == 200 for call in traffic.ingest)
         # The deadline is the web tier's promise: a call the worker never answered is answered by the web tier
-        # itself, which says when (elapsed_ms). Judged on that figure, not on this client's clock: on a loaded
-        # machine the client's own threads add seconds that are not the service's. The client's bound only says
-        # no call hung.
+        # itself at the deadline, which says when it answered (elapsed_ms: the wait, then the default engine's own
+        # recall, whose first call in a process loads the embedding model). Judged on that figure, not on this
+        # client's clock: on a loaded machine the client's own threads add seconds that are not the service's.
+        # Both bounds only say that no call waited on the dead worker past its deadline or hung.
         slow = [call for call in traffic.ingest
-                if (call[4] or 0) > (DEADLINE_SECS + 1) * 1000 or call[0] > DEADLINE_SECS + 10]
+                if (call[4] or 0) > (DEADLINE_SECS + 3) * 1000 or call[0] > DEADLINE_SECS + 10]
         assert slow == [], f"blocking calls over their deadline (s, status, source, reason, web ms): {slow}"
         assert {call[2] for call in traffic.ingest} <= {"steady", "default"}
         assert recoveries[-1] <= 10
