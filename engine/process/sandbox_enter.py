@@ -99,7 +99,7 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
             _map_ids(spec.uid, spec.gid)
         view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
         bind_kept(lib, view, kept)
-        _split_keeper_init_hook(lib, done_fd, (spec.hook_uid, spec.hook_gid))  # returns in the hook only
+        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")

@@ -21,17 +21,7 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import bind_kept, prepare_view
-from .sandbox_tree import (
-    _become_init,
-    _fork,
-    _init,
-    _keep,
-    _wait_for,
-    await_init,
-    fork_hook,
-    identity_pipes,
-    send_ids,
-)
+from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, fork_hook
 
 
 def shape_of(spec: SandboxSpec) -> tuple | None:
@@ -49,9 +39,8 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     (engine/process/sandbox_mounts.py `prepare_view`), init forked with a fresh /proc, and the hook's own process
     (pid 2) forked too. The spare becomes the keeper at once, init waits for the hook, and the hook waits for its
     call on `sock` (`await_call(sock)` -> (call, fds), the spare's socket to its zygote): then it binds its own
-    directories back, enters an empty network namespace if asked and tells init its identity, and this function
-    returns (call, fds) in it (the rest is `enter_hook`). On the call's path: no fork, no unshare but the
-    network's, a few mounts.
+    directories back and enters its network namespace, and this function returns (call, fds) in it (the rest is
+    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
     code runs. Raises SetupError in the spare only (nothing forked yet)."""
@@ -77,20 +66,14 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
         _become_init(lib, status_w)
     except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
         os._exit(SETUP_FAILED)
-    for_init, for_hook = identity_pipes()
     hook_pid = fork_hook()
     if hook_pid:
-        for fd in for_hook:
-            os.close(fd)
-        _init(hook_pid, status_w, sock.fileno(), for_init)
+        _init(hook_pid, status_w, sock.fileno())
     os.close(status_w)
-    for fd in for_init:
-        os.close(fd)
     _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
-        send_ids(for_hook[0], (spec.hook_uid, spec.hook_gid))
         if not home_exists and spec.hide and os.path.isdir(spec.hide):
             raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
         bind_kept(lib, view, call.pop("kept", []))
@@ -104,7 +87,6 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
-    await_init(for_hook[1])
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
 

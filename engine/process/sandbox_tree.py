@@ -11,7 +11,6 @@ import os
 import resource
 import select
 import signal
-import struct
 import warnings
 
 from .sandbox_libc import (
@@ -26,7 +25,6 @@ from .sandbox_libc import (
     PR_SET_PDEATHSIG,
     SetupError,
     _mount,
-    libc,
 )
 
 
@@ -64,8 +62,10 @@ def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
 
 
 # Sent by a python hook forked warm to its init (pid 1) once it is done and has closed its stdio, just before its
-# _exit: "exited 0" (engine/process/warmstart_zygote.py `_finalize`). Any other status goes the usual way.
-HOOK_DONE = signal.SIGRTMIN
+# _exit: "exited 0" (engine/process/warmstart_zygote.py `_finalize`). Any other status goes the usual way. SIGCONT,
+# because the kernel lets any process send it within its own session whatever the uids: the hook (its plugin's
+# uid) to its init, which keeps the identity it was forked with (reaping and emptying the namespace need it).
+HOOK_DONE = signal.SIGCONT
 # What init waits for. Blocked before the hook is forked: a hook that says it is done before init has blocked
 # HOOK_DONE would otherwise lose the signal (pid 1 drops a signal it has no handler for) and run to its timeout.
 INIT_WAITS = frozenset({signal.SIGCHLD, HOOK_DONE})
@@ -80,34 +80,23 @@ def fork_hook() -> int:
     return pid
 
 
-def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple | None = None) -> None:
+def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
     """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns.
-
-    With `ids` (a prepared spare's init, made before its call's identity was known: the pipes of `identity_pipes`),
-    init first waits for the identity the hook drops to (`send_ids`, on the call's path), drops to it too, so that
-    the hook can signal it (init needs no privilege to reap, nor to kill what runs as the hook does), and says so.
 
     With `report_fd` (the keeper's report channel to its zygote), init empties the namespace itself once the hook
     has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
     sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first).
 
-    Init also takes the hook's word that it is done (HOOK_DONE): it kills every process of the namespace at
-    once, the hook included, and when the hook was the only one left (its /proc), reports exit 0 without waiting
-    for the kernel to free the hook's memory (about a millisecond for a fork of the zygote, bench/README.md). The
-    hook cannot run again, and nothing else is left; a hook could as well have exited 0 itself."""
-    _close_all_but(status_w, report_fd, *(ids or ()))
+    Init also takes the hook's word that it is done (HOOK_DONE, from the hook's own pid only): it kills every
+    process of the namespace at once, the hook included, and when the hook was the only one left (its /proc),
+    reports exit 0 without waiting for the kernel to free the hook's memory (about a millisecond for a fork of the
+    zygote, bench/README.md). The hook cannot run again, and nothing else is left; a hook could as well have exited 0
+    itself."""
+    _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     waited = INIT_WAITS
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # (already blocked by fork_hook) queued, not lost
-    if ids is not None:
-        ids_r, ack_w = ids
-        _drop_to(_receive_ids(ids_r), status_w)
-        try:
-            os.write(ack_w, b"1")
-        except OSError:
-            pass
-        os.close(ack_w)
     while True:
         while True:  # every child that has ended (SIGCHLDs merge), the hook's first
             try:
@@ -127,61 +116,6 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple
             if _only_init_and(hook_pid):
                 _report(0, status_w, report_fd, emptied=True)
             _report(0, status_w, report_fd)  # (someone else was left: killed, reaped, then reported)
-
-
-def identity_pipes() -> tuple:
-    """((ids_r, ack_w) for init, (ids_w, ack_r) for the hook): the hook sends its identity, init answers once it
-    dropped to it."""
-    ids_r, ids_w = os.pipe()
-    ack_r, ack_w = os.pipe()
-    return (ids_r, ack_w), (ids_w, ack_r)
-
-
-def send_ids(ids_w: int, ids: tuple) -> None:
-    """From a prepared hook to its init, first thing on the call's path: the identity it drops to ((-1, -1):
-    none)."""
-    try:
-        os.write(ids_w, struct.pack("=ii", *ids))
-    finally:
-        os.close(ids_w)
-
-
-def await_init(ack_r: int) -> None:
-    """In the prepared hook, last thing before its script: init has dropped to the hook's identity (it had the
-    call's setup to do it in), or is gone."""
-    try:
-        os.read(ack_r, 1)
-    except OSError:
-        pass
-    os.close(ack_r)
-
-
-def _receive_ids(ids_r: int) -> tuple:
-    try:
-        data = os.read(ids_r, 8)
-    except OSError:
-        data = b""
-    os.close(ids_r)
-    return struct.unpack("=ii", data) if len(data) == 8 else (-1, -1)  # (the hook went without its call)
-
-
-def _drop_to(ids: tuple, status_w: int) -> None:
-    """init drops to the hook's identity (as sandbox_enter.py `become`); it stays as it is when there is none or
-    this fails (then the hook's HOOK_DONE is refused, and its exit reported the usual way). The kernel clears the
-    parent-death signal with the change: set again, then the keeper checked as `_become_init` does."""
-    uid, gid = ids
-    if uid < 0:
-        return
-    try:
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    except OSError:
-        pass
-    lib = libc()
-    if lib is not None:
-        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    _exit_if_keeper_gone(status_w)
 
 
 def _only_init_and(pid: int) -> bool:
@@ -259,9 +193,8 @@ def _exit_if_keeper_gone(status_w: int) -> None:
         os._exit(137)
 
 
-def _split_keeper_init_hook(lib, done_fd: int | None, ids: tuple = (-1, -1)) -> None:
-    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook.
-    Init drops to the hook's identity `ids` once the hook is forked."""
+def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
+    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
     # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.
@@ -274,7 +207,6 @@ def _split_keeper_init_hook(lib, done_fd: int | None, ids: tuple = (-1, -1)) -> 
     _become_init(lib, status_w)
     hook_pid = fork_hook()
     if hook_pid:
-        _drop_to(ids, status_w)
         _init(hook_pid, status_w)
     os.close(status_w)
     if done_fd is not None:

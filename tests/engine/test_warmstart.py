@@ -418,7 +418,7 @@ def test_a_hook_that_says_it_is_done_is_held_to_it(tmp_path, monkeypatch):
         sys.stdin.read()
         print(json.dumps({"said": "done"}), flush=True)
         if os.getpid() == 2:
-            os.kill(1, signal.SIGRTMIN)
+            os.kill(1, signal.SIGCONT)
         time.sleep(60)
         print(json.dumps({"said": "more"}), flush=True)
     """)
@@ -437,7 +437,7 @@ def test_only_the_hook_itself_can_say_it_is_done(tmp_path, monkeypatch):
         child = os.fork()
         if child == 0:
             try:
-                os.kill(1, signal.SIGRTMIN)  # not the hook: init ignores it
+                os.kill(1, signal.SIGCONT)  # not the hook: init ignores it
             finally:
                 os._exit(0)
         os.waitpid(child, 0)
