@@ -109,10 +109,11 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
     _enter_last(lib, spec)
 
 
-def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None) -> None:
+def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None, prepared=None) -> None:
     """What the hook's own process applies last, whichever way it got its namespaces: rlimits, its own host identity
     (before anything it runs), no capabilities, no_new_privs, the seccomp filter, its cwd. `capable`: what
-    `empty_bounding_set` said in this process ahead of its call (None: not done)."""
+    `empty_bounding_set` said in this process ahead of its call (None: not done); `prepared`: the filter built ahead
+    (sandbox_seccomp.Prepared)."""
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if lib is not None and capable is None:
@@ -122,7 +123,7 @@ def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None) -> None:
     if lib is not None:
         _drop_privileges(lib, capable)
         if spec.seccomp:
-            _load_seccomp(lib)
+            _load_seccomp(lib, prepared)
     os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
 
 
@@ -136,11 +137,12 @@ def become(uid: int, gid: int) -> None:
         raise SetupError(f"could not drop to uid {uid}")
 
 
-def _load_seccomp(lib) -> None:
-    program, why = sandbox_seccomp.compiled()
-    if program is None:
-        raise SetupError(f"no seccomp filter: {why}")
-    _check(sandbox_seccomp.load(lib, program), "seccomp")
+def _load_seccomp(lib, prepared=None) -> None:
+    if prepared is None:
+        prepared, why = sandbox_seccomp.compiled()
+        if prepared is None:
+            raise SetupError(f"no seccomp filter: {why}")
+    _check(sandbox_seccomp.load(lib, prepared), "seccomp")
 
 
 def _map_ids(uid: int, gid: int) -> None:

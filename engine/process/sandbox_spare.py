@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
+from . import sandbox_seccomp
 from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, _map_ids, empty_bounding_set
 from .sandbox_libc import (
     CLONE_NEWNET,
@@ -70,7 +71,9 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     if hook_pid:
         _init(hook_pid, status_w, sock.fileno())
     os.close(status_w)
-    _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook)
+    _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook), as is building the filter
+    program = sandbox_seccomp.compiled()[0]
+    _filter.append(sandbox_seccomp.Prepared(program) if program is not None else None)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
@@ -134,9 +137,11 @@ def _report_setup_failure(fds: list, message: str) -> None:
 
 
 _capable: list = []  # in a prepared hook's process: whether it has capabilities, its bounding set emptied ahead
+_filter: list = []  # ... and its seccomp filter, built ahead (sandbox_seccomp.Prepared)
 
 
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
-    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None)
+    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
+                _filter[-1] if _filter else None)
 
