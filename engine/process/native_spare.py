@@ -44,7 +44,7 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) 
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
     in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
     Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, _launcher = shape  # (the launcher: with the call)
     fd = sock.fileno()
     os.set_inheritable(fd, True)
     try:

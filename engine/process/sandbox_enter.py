@@ -50,9 +50,10 @@ class SandboxSpec:
     user_ns: bool = False  # create a user namespace first (the service is not root)
     new_net: bool = False  # empty network namespace (allow_network = false)
     hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
-    keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir, launcher), read-only ...
+    keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir), read-only ...
     read_only: bool = False  # allow_filesystem = false (what it conceals more is in `conceal`)
     writable: tuple = ()  # ... but these (the data dir)
+    launcher: tuple = ()  # the launcher's installation under a cover, bound back read-only (real paths)
     cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
     cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
@@ -68,7 +69,7 @@ class SandboxSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits", "conceal"}
+        tuples = {"rlimits", "keep", "writable", "launcher", "cgroups", "cgroup_limits", "conceal"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 

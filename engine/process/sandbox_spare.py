@@ -21,20 +21,29 @@ from .sandbox_libc import (
     _check,
     libc,
 )
-from .sandbox_mounts import bind_kept, prepare_view
+from .sandbox_mounts import bind_kept, launcher_kept, prepare_view, rehearse_binds, shape_covers
 from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, fork_hook
 
 
-def shape_of(spec: SandboxSpec) -> tuple | None:
+def shape_of(spec: SandboxSpec, launcher: bool = False) -> tuple | None:
     """What `pre_enter` prepares ahead of a call: the same for every call of one service (and one kind of filesystem
-    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces)."""
+    view), so a spare child prepared for the last call fits the next one. With `launcher` (a warm zygote: every call
+    has its interpreter), the launcher's installation is bound back ahead too. None: nothing to prepare (no
+    namespaces)."""
     if not spec.isolate:
         return None
     return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
-            tuple(spec.conceal), spec.tmp_mb)
+            tuple(spec.conceal), spec.tmp_mb, tuple(spec.launcher) if launcher else ())
 
 
-def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
+def plan_view(shape: tuple) -> tuple:
+    """What `pre_enter` covers and binds ahead for `shape`, looked up by the zygote right before it forks the spare:
+    the same lookups in the fresh spare would cost it a copy of every page of the zygote they touch."""
+    _user_ns, _uid, _gid, hide, home_exists, conceal, tmp_mb, launcher = shape
+    return shape_covers(hide if home_exists else None, conceal, tmp_mb > 0), launcher_kept(launcher)
+
+
+def pre_enter(shape: tuple, parent_pid: int, sock, await_call, plan: tuple | None = None) -> tuple:
     """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
     not depend on the call — the user, mount, PID, IPC and UTS namespaces, the view's call-independent part
     (engine/process/sandbox_mounts.py `prepare_view`), init forked with a fresh /proc, and the hook's own process
@@ -44,8 +53,9 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
-    code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape
+    code runs. `plan`: `plan_view(shape)`, when the zygote looked it up. Raises SetupError in the spare only
+    (nothing forked yet)."""
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, launcher = shape
     lib = libc()
     if lib is None:
         raise SetupError("no libc")
@@ -55,7 +65,8 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     _check(lib.unshare(NAMESPACES | (CLONE_NEWUSER if user_ns else 0)), "unshare")
     if user_ns:
         _map_ids(uid, gid)
-    view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb)
+    covered, ahead = plan if plan is not None else plan_view(shape)
+    view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb, ahead, covered)
     status_r, status_w = os.pipe()
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
     init_pid = _fork()
@@ -74,6 +85,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook), as is building the filter
     program = sandbox_seccomp.compiled()[0]
     _filter.append(sandbox_seccomp.Prepared(program) if program is not None else None)
+    _view.append(view)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = SandboxSpec.from_dict(call["sandbox"])
@@ -138,6 +150,21 @@ def _report_setup_failure(fds: list, message: str) -> None:
 
 _capable: list = []  # in a prepared hook's process: whether it has capabilities, its bounding set emptied ahead
 _filter: list = []  # ... and its seccomp filter, built ahead (sandbox_seccomp.Prepared)
+_view: list = []  # ... and its view (`rehearse`)
+
+
+def rehearse() -> None:
+    """In a prepared hook's process, ahead of its call: the call's part of the sandbox once, to no effect (the
+    zygote's rehearsal of a hook's start, engine/process/warmstart_zygote.py `_rehearse`): the binds' steps, the
+    identity calls."""
+    lib = libc()
+    if lib is None or not _view:
+        return
+    rehearse_binds(lib, _view[-1])
+    os.setresgid(-1, -1, -1)
+    os.setresuid(-1, -1, -1)
+    os.getresuid()
+    os.getresgid()
 
 
 def enter_hook(call: dict) -> None:

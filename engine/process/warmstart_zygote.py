@@ -146,9 +146,10 @@ def _rehearse(sandbox):
             "script": script, "launcher": sys.executable, "netns": 3, "kept": [[_HERE, _HERE, True]]}
     call = json.loads(json.dumps(call))
     sandbox.SandboxSpec.from_dict(call["sandbox"])
-    # The sandbox's last steps, to no effect: the ctypes, os and io paths of binding the kept directories back and
-    # of capset (engine/process/sandbox_spare.py, sandbox_enter.py; the capability check and the bounding set ran
-    # for real before this, in pre_enter).
+    # The sandbox's last steps, to no effect: binding the kept directories back, the identity calls
+    # (engine/process/sandbox_spare.py `rehearse`), the ctypes paths of capset (sandbox_enter.py; the capability
+    # check and the bounding set ran for real before this, in pre_enter).
+    sandbox.rehearse()
     lib = sandbox.libc()
     if lib is not None:
         lib.mount(None, os.fsencode("/nonexistent/librefang-rehearsal"), None, 0, None)  # ENOENT
@@ -352,12 +353,14 @@ def _main(exec_mode=False):
     zygote_pid = os.getpid()
     sandbox.cgroups.available()  # found (and stale leftovers removed) once, before the first child
     sandbox.seccomp_filter()  # compiled once, before the first child (every hook loads it)
+    if sandbox.libc() is not None:
+        sandbox.has_mount_setattr(sandbox.libc())  # asked once, before the first child (every view needs it)
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spare_program = _loop.native_spare.program() if exec_mode else None  # engine/process/native_spare.py
-    spec, fds = _loop._serve(ctl, sandbox, spare_program)
+    spec, fds = _loop._serve(ctl, sandbox, spare_program, exec_mode)
     exec_error = None
     try:
         if spec is not None:  # forked on demand for a call
@@ -367,7 +370,8 @@ def _main(exec_mode=False):
             exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
         else:  # a spare that entered its namespaces ahead of its call
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
-                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox))
+                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox),
+                                                      fds[3])
         if "argv" not in spec:
             if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
                 _DONE_SIGNAL.append(sandbox.HOOK_DONE)

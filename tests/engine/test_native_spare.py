@@ -21,6 +21,23 @@ pytestmark = [pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses
 
 # pid 1 of the hook's namespace is its init: the native program, or a fork of the python spawner.
 INIT_PROBE = "import sys\nsys.stdin.read()\nprint(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+VIEW_PROBE = """
+import json, os, sys
+sys.stdin.read()
+out = {"init": open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode()}
+writable = {}  # mount point -> the mount seen there (the last one mounted on it)
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    writable[fields[4].replace(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "<data>")] = "ro" not in fields[5].split(",")
+out["writable"] = sorted(point for point, rw in writable.items() if rw)
+for path in ("/etc/shadow", "/etc/passwd"):
+    try:
+        out[path] = len(open(path).read())
+    except OSError as exc:
+        out[path] = exc.strerror
+out["home"] = sorted(os.listdir(os.path.dirname(os.path.dirname(os.environ["LIBREFANG_PLUGIN_DIR"]))))
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture
@@ -88,6 +105,28 @@ def test_a_hook_gets_the_same_process_from_the_native_and_the_python_spare(tmp_p
         assert (netns == os.readlink("/proc/self/ns/net")) is (call_kw.get("allow_network") is not False)
         states[native] = state
     assert states[True] == states[False]
+
+
+def test_a_build_without_mount_setattr_gives_hooks_the_same_view(tmp_path, monkeypatch, program):
+    """Below Linux 5.12 (no mount_setattr) the program remounts each mount read-only and seals each cover itself;
+    built that way, it gives a hook the same view as the usual build and the python spare."""
+    remounts = tmp_path / "librefang-spare-remounts"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-DLIBREFANG_NO_MOUNT_SETATTR", "-o", str(remounts),
+                    native_spare.SOURCE], check=True)
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, VIEW_PROBE)
+    (home / "api_token").write_text("secret")
+    views = {}
+    for native in (str(remounts), True, False):
+        warmstart.shutdown()
+        for _ in range(3):  # the last calls run in prepared spares
+            r = _cold(monkeypatch, native, pdir, home)
+            assert r.ok, (r.failure, r.stderr)
+        views[native] = view = r.reply
+        assert view.pop("init") == (native if native is not True else program) or native is False
+    assert views[str(remounts)] == views[True] == views[False]
+    assert sorted(views[True]["writable"]) == ["/dev/shm", "/proc", "/tmp", "<data>"]
+    assert views[True]["home"] == ["plugin_data", "plugins"] and views[True]["/etc/shadow"] == "Permission denied"
 
 
 def test_an_exec_failure_is_reported_as_from_the_python_spare(tmp_path, monkeypatch, program):

@@ -131,7 +131,28 @@ static void check(int rc, const char *what) {
     if (rc != 0) fail("%s: %s", what, strerror(errno));
 }
 
-/* ---- the view: /sys (and with read_only every other mount) read-only -------------------------------------- */
+/* ---- the view: every mount read-only ---------------------------------------------------------------------- */
+
+/* mount_setattr(2) (Linux >= 5.12; linux/mount.h is not included: it clashes with sys/mount.h on older libcs).
+ * Only the attributes named change, so no flag a user namespace locks needs restating. */
+#define ATTR_RDONLY 0x1
+#define ATTR_NOSUID 0x2
+#define ATTR_NODEV 0x4
+#define RECURSIVE 0x8000 /* AT_RECURSIVE */
+struct attrs { uint64_t set, clr, propagation, userns_fd; };
+
+static int set_attrs(const char *path, uint64_t set, uint64_t clr, int recursive) {
+#if defined(SYS_mount_setattr) && !defined(LIBREFANG_NO_MOUNT_SETATTR) /* (tests build it without) */
+    struct attrs a = {set, clr, 0, 0};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? RECURSIVE : 0, &a, sizeof a);
+#else
+    (void)path; (void)set; (void)clr; (void)recursive;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static int fast_view; /* mount_setattr works here: the view made read-only in one call, binds' flags set by it */
 
 static void unescape(char *s) { /* mountinfo's octal escapes (\040 for a space), in place */
     char *out = s;
@@ -195,8 +216,9 @@ static unsigned long locked_at(const char *path) {
     return flags;
 }
 
-/* Every mount but /proc's and /dev's made read-only, its locked flags kept and recorded. Returns 0, or -1 with
- * errno and *what set when "/" or /sys could not be made read-only (others: best effort). */
+/* Every mount made read-only, one remount each (where mount_setattr is missing), its locked flags kept and
+ * recorded. Returns 0, or -1 with errno and *what set when "/" or /sys could not be made read-only (others: best
+ * effort). */
 static int read_only_mounts(const char **what) {
     char *info = read_all("/proc/self/mountinfo");
     if (!info) { *what = "/proc/self/mountinfo"; return -1; }
@@ -222,7 +244,7 @@ static int read_only_mounts(const char **what) {
             mounts[n_mounts].point = strdup(point);
             mounts[n_mounts++].locked = flags;
         }
-        if (under(point, "/proc") || under(point, "/dev") || has_option(options, "ro")) continue;
+        if (has_option(options, "ro")) continue;
         if (mount(NULL, point, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | flags, NULL) != 0 &&
             (strcmp(point, "/") == 0 || strcmp(point, "/sys") == 0)) {
             *what = strcmp(point, "/") == 0 ? "read-only /" : "read-only /sys";
@@ -237,7 +259,7 @@ static int read_only_mounts(const char **what) {
 /* ---- the view, ahead of the call: private /tmp and /dev/shm, covers, read-only everything ------------------- */
 
 #define COVER_FLAGS (MS_NOSUID | MS_NODEV | MS_NOEXEC)
-#define MASK "/tmp/.librefang-mask"
+#define MASK ".librefang-mask"
 static const char *private_dirs[] = {"/tmp", "/dev/shm"};
 
 static struct { const char *path; int fd; int sealed; } covers[MAX_COVERS + 2]; /* fd: as it is under its cover */
@@ -261,6 +283,29 @@ static int seal(const char *path, int read_only) {
 static int below_any(const char *path, const char **tops, int n) {
     for (int i = 0; i < n; i++)
         if (strcmp(path, tops[i]) != 0 && under(path, tops[i])) return 1;
+    return 0;
+}
+
+/* An unreadable empty file (mode 0, made in `dir`, unlinked once bound) bound over each concealed file not below an
+ * outer cover, with that tmpfs's nosuid, nodev and noexec; sealed by the caller. */
+static int mask_files(const char *dir, const char **files, int n_files, const char **outer, int n_outer) {
+    char mask[4096];
+    if (snprintf(mask, sizeof mask, "%s/%s", strcmp(dir, "/") ? dir : "", MASK) >= (int)sizeof mask) return -1;
+    int made = 0;
+    for (int i = 0; i < n_files; i++) {
+        if (below_any(files[i], outer, n_outer)) continue;
+        if (!made) {
+            int fd = open(mask, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+            if (fd < 0) return -1;
+            close(fd);
+            made = 1;
+        }
+        if (mount(mask, files[i], NULL, MS_BIND, NULL) != 0) {
+            unlink(mask);
+            return -1;
+        }
+    }
+    if (made) unlink(mask);
     return 0;
 }
 
@@ -291,32 +336,31 @@ static int prepare_view(const char *home, char **conceal, int n_conceal, long tm
         covers[n_covers].sealed = 1;
         if ((covers[n_covers++].fd = open(dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
     }
+    /* With mount_setattr: the covers and masks first, then one call makes everything read-only, them included;
+     * without: each mount remounted read-only first (their flags noted, for the binds), then each cover sealed. */
+    fast_view = set_attrs("/", 0, 0, 0) == 0;
     const char *what = NULL;
-    if (read_only_mounts(&what) != 0) return -1;
+    if (!fast_view && read_only_mounts(&what) != 0) return -1;
+    for (int i = first_dir; i < n_covers; i++)
+        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0) return -1;
+    if (first_dir < n_covers && mask_files(covers[first_dir].path, files, n_files, outer, n_outer) != 0) return -1;
+    if (fast_view) {
+        if (set_attrs("/", ATTR_RDONLY, 0, 1) != 0) return -1;
+    } else {
+        for (int i = first_dir; i < n_covers; i++)
+            if (seal(covers[i].path, 1) != 0) return -1;
+        for (int i = 0; first_dir < n_covers && i < n_files; i++)
+            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
+    }
     char data[64];
     snprintf(data, sizeof data, "mode=1777,size=%ldm", tmp_mb);
-    for (int i = 0; i < first_dir; i++)
+    for (int i = 0; i < first_dir; i++) /* after: the hook's to write */
         if (mount("tmpfs", covers[i].path, "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return -1;
-    for (int i = first_dir; i < n_covers; i++)
-        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0 ||
-            seal(covers[i].path, 1) != 0)
-            return -1;
-    int masked = 0;
-    for (int i = 0; i < n_files; i++) {
-        if (below_any(files[i], outer, n_outer)) continue;
-        if (!masked) { /* an unreadable empty file on the private /tmp, bound over each, unlinked once bound */
-            int fd = open(MASK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
-            if (fd < 0) return -1;
-            close(fd);
-            masked = 1;
-        }
-        if (mount(MASK, files[i], NULL, MS_BIND, NULL) != 0 ||
-            mount(NULL, files[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | COVER_FLAGS, NULL) != 0) {
-            unlink(MASK);
-            return -1;
-        }
+    if (first_dir == n_covers && n_files) { /* no cover to make the mask in: on the private /tmp, sealed each */
+        if (mask_files("/tmp", files, n_files, outer, n_outer) != 0) return -1;
+        for (int i = 0; i < n_files; i++)
+            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
     }
-    if (masked) unlink(MASK);
     return 0;
 }
 
@@ -543,9 +587,15 @@ static void bind_kept(struct call *c) {
         snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
         if (mount(source, path, NULL, MS_BIND | MS_REC, NULL) != 0) fail("mount %s: %s", path, strerror(errno));
         close(fd);
-        unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked_at(real);
-        if (mount(NULL, path, NULL, c->kept_writable[i] ? flags : flags | MS_RDONLY, NULL) != 0)
-            fail("mount %s: %s", path, strerror(errno));
+        if (fast_view) { /* nosuid, nodev, read-only unless writable; its other flags as its source's */
+            uint64_t ro = c->kept_writable[i] ? 0 : ATTR_RDONLY;
+            if (set_attrs(path, ATTR_NOSUID | ATTR_NODEV | ro, ATTR_RDONLY & ~ro, 0) != 0)
+                fail("mount %s: %s", path, strerror(errno));
+        } else {
+            unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked_at(real);
+            if (mount(NULL, path, NULL, c->kept_writable[i] ? flags : flags | MS_RDONLY, NULL) != 0)
+                fail("mount %s: %s", path, strerror(errno));
+        }
     }
     for (int i = 0; i < n_covers; i++) {
         if (opened[i] && seal(covers[i].path, 1) != 0) fail("mount %s: %s", covers[i].path, strerror(errno));
