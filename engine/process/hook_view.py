@@ -16,6 +16,8 @@ import functools
 import os
 from pathlib import Path
 
+from engine.filecache import real_path
+
 CODE_TREE = str(Path(__file__).resolve().parents[2])  # the service's checkout (engine/process/ is two levels down)
 CONCEALED_DIRS = ("/root", "/home", "/run", "/var/run", "/etc/ssh", "/etc/sudoers.d", "/var/spool/cron",
                   "/var/lib/sss", "/etc/ssl/private")
@@ -59,7 +61,7 @@ def launcher_dirs(argv0: str | None, covered: tuple[str, ...]) -> list[str]:
     """The launcher's installation (its prefix, or its bin directory) when a cover hides it: real paths."""
     if not argv0:
         return []
-    real = os.path.realpath(argv0)
+    real = real_path(argv0)
     if not _covered(real, covered):
         return []
     bindir = os.path.dirname(real)

@@ -88,7 +88,7 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call, plan: tuple | Non
     _view.append(view)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
-        spec = SandboxSpec.from_dict(call["sandbox"])
+        spec = _spec[0] = SandboxSpec.from_dict(call["sandbox"])
         if not home_exists and spec.hide and os.path.isdir(spec.hide):
             raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
         bind_kept(lib, view, call.pop("kept", []))
@@ -151,6 +151,7 @@ def _report_setup_failure(fds: list, message: str) -> None:
 _capable: list = []  # in a prepared hook's process: whether it has capabilities, its bounding set emptied ahead
 _filter: list = []  # ... and its seccomp filter, built ahead (sandbox_seccomp.Prepared)
 _view: list = []  # ... and its view (`rehearse`)
+_spec: list = [None]  # ... and its call's SandboxSpec, read once
 
 
 def rehearse() -> None:
@@ -169,6 +170,6 @@ def rehearse() -> None:
 
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
-    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
+    _enter_last(libc(), _spec[0] or SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
                 _filter[-1] if _filter else None)
 
