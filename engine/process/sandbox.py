@@ -54,12 +54,12 @@ from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
 from .sandbox_libc import SetupError, has_mount_setattr, libc
 from .sandbox_mounts import kept_dirs
 from .sandbox_spare import enter_hook, make_netns, plan_view, pre_enter, rehearse, shape_of
-from .sandbox_tree import HOOK_DONE
+from .sandbox_tree import HOOK_DONE, use_native_init
 
 __all__ = [
     "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
     "forget_probe", "has_mount_setattr", "kept_dirs", "libc", "make_netns", "mode", "network_isolation_available", "plan_view",
-    "pre_enter", "probe", "rehearse", "seccomp_filter", "shape_of", "uid_drop", "_oom_killed",
+    "pre_enter", "probe", "rehearse", "seccomp_filter", "shape_of", "uid_drop", "use_native_init", "_oom_killed",
 ]
 
 

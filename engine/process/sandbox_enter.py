@@ -29,7 +29,7 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import bind_kept, kept_dirs, prepare_view
-from .sandbox_tree import _split_keeper_init_hook
+from .sandbox_tree import _split_keeper_init_hook, open_native_init
 
 _CAP_VERSION_3 = 0x20080522
 # Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
@@ -94,13 +94,14 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
         if lib is None:
             raise SetupError("no libc")
         kept = kept_dirs(spec)  # resolved while everything is visible
+        init_fd = None if spec.user_ns else open_native_init()  # (a warm zygote's) before the covers hide it
         flags = NAMESPACES | (CLONE_NEWNET if spec.new_net else 0)
         _check(lib.unshare(flags | (CLONE_NEWUSER if spec.user_ns else 0)), "unshare")
         if spec.user_ns:
             _map_ids(spec.uid, spec.gid)
         view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
         bind_kept(lib, view, kept)
-        _split_keeper_init_hook(lib, done_fd)  # returns in the hook only
+        _split_keeper_init_hook(lib, done_fd, init_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")

@@ -22,7 +22,16 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import bind_kept, launcher_kept, prepare_view, rehearse_binds, shape_covers
-from .sandbox_tree import _become_init, _fork, _init, _keep, _wait_for, fork_hook
+from .sandbox_tree import (
+    _become_init,
+    _fork,
+    _init,
+    _keep,
+    _wait_for,
+    fork_hook,
+    open_native_init,
+    split_beside,
+)
 
 
 def shape_of(spec: SandboxSpec, launcher: bool = False) -> tuple | None:
@@ -66,22 +75,12 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call, plan: tuple | Non
     if user_ns:
         _map_ids(uid, gid)
     covered, ahead = plan if plan is not None else plan_view(shape)
+    init_fd = None if user_ns else open_native_init()  # (before the covers hide it; see use_native_init)
     view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb, ahead, covered)
-    status_r, status_w = os.pipe()
-    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
-    init_pid = _fork()
-    if init_pid:
-        os.close(status_w)
-        _keep(init_pid, status_r, sock.fileno())
-    os.close(status_r)
-    try:
-        _become_init(lib, status_w)
-    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
-        os._exit(SETUP_FAILED)
-    hook_pid = fork_hook()
-    if hook_pid:
-        _init(hook_pid, status_w, sock.fileno())
-    os.close(status_w)
+    if init_fd is not None:  # a warm zygote's: init is the native program, the hook its sibling (sandbox_tree.py)
+        split_beside(lib, init_fd, sock.fileno(), sock.fileno())
+    else:
+        _fork_init_then_hook(lib, sock)
     _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook), as is building the filter
     program = sandbox_seccomp.compiled()[0]
     _filter.append(sandbox_seccomp.Prepared(program) if program is not None else None)
@@ -104,6 +103,25 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call, plan: tuple | Non
         os._exit(SETUP_FAILED)
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
+
+
+def _fork_init_then_hook(lib, sock) -> None:
+    """keeper (this process) -> init (a fork of it) -> hook, whose process this returns in."""
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see sandbox_tree.py _split_keeper_init_hook
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r, sock.fileno())
+    os.close(status_r)
+    try:
+        _become_init(lib, status_w)
+    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
+        os._exit(SETUP_FAILED)
+    hook_pid = fork_hook()
+    if hook_pid:
+        _init(hook_pid, status_w, sock.fileno())
+    os.close(status_w)
 
 
 def make_netns() -> int | None:

@@ -3,6 +3,12 @@
 PID namespace waits for init and exits the way the hook did; init (pid 1 inside, a fresh /proc) reaps everything and
 ends with the hook. Stdlib only and loaded outside the engine package in the zygote and the spawner, like
 engine/process/sandbox.py.
+
+Two shapes. A fork of the helper as init, the hook forked by init: keeper -> init -> hook (cold hooks, and warm ones
+where the native program is missing). In a warm zygote with the native program (engine/process/native/spare.c, its
+init mode), init is that program, started without a fork of the zygote's memory, and the keeper forks the hook
+beside it: keeper -> init, keeper -> hook (`_split_beside`). A fork of a zygote costs its page tables, the pages it
+writes and, at its exit, the unmapping of all of it (about 1.5 ms of CPU); this spares one per warm call.
 """
 
 from __future__ import annotations
@@ -193,8 +199,110 @@ def _exit_if_keeper_gone(status_w: int) -> None:
         os._exit(137)
 
 
-def _split_keeper_init_hook(lib, done_fd: int | None) -> None:
-    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook."""
+# In a warm zygote: the path of the native program whose init mode is its hooks' init (`use_native_init`).
+_native_init: list = []
+INIT_WIRE = "lfinit/1"  # native/spare.c init_main: report fd (-1: none), status fd
+
+
+def use_native_init(path: str | None) -> None:
+    """In a warm zygote, before its first child: hooks' init is `path` (native/spare.c's init mode) from now on,
+    forked beside the hook rather than as its parent (`split_beside`); None: a fork of the zygote, as for cold
+    hooks. Not inside a user namespace (a service that is not root): there the exec would cost init the
+    capabilities it needs to mount its /proc (the mapped uid is not 0), so init stays a fork."""
+    _native_init[:] = [path] if path else []
+
+
+def open_native_init() -> int | None:
+    """A descriptor on the native init, opened before the view covers the service's code tree (None: none)."""
+    if not _native_init:
+        return None
+    try:
+        return os.open(_native_init[0], os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def split_beside(lib, init_fd: int, done_fd: int | None, report_fd: int | None = None) -> None:
+    """keeper (this process, outside) -> init (the native program on `init_fd`, pid 1 of the new PID namespace)
+    and, beside it, keeper -> hook (pid 2). Returns in the hook. `report_fd`: where init reports a hook that said it
+    is done (the zygote, a wake-up sooner than the keeper); the keeper reports every end on `done_fd` after init."""
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the keeper is a fork of the zygote (see _split_keeper_init_hook)
+    try:
+        init_pid = _start_native_init(init_fd, status_r, status_w, report_fd)
+    finally:
+        os.close(init_fd)
+    hook_pid = fork_hook()
+    if hook_pid:
+        _keep_beside(init_pid, hook_pid, status_r, done_fd)
+    os.close(status_r)
+    if done_fd is not None and done_fd != report_fd:
+        os.close(done_fd)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def _start_native_init(fd: int, status_r: int, status_w: int, report_fd: int | None) -> int:
+    """The native init, spawned without copying this process (posix_spawn: vfork and exec of `fd`, opened before
+    the covers); its pid once it has mounted its /proc. Raises SetupError."""
+    path = _native_init[0]
+    given = [status_w] + ([report_fd] if report_fd is not None else [])
+    for each in given:
+        os.set_inheritable(each, True)
+    try:
+        pid = os.posix_spawn(f"/proc/self/fd/{fd}", [path, INIT_WIRE, str(-1 if report_fd is None else report_fd),
+                                                     str(status_w)], {})
+    except OSError as exc:
+        raise SetupError(f"cannot start init: {exc}") from None
+    finally:
+        for each in given:
+            os.set_inheritable(each, False)
+        os.close(status_w)
+    if os.read(status_r, 1) != b"R":
+        _wait_for(pid)
+        raise SetupError("init could not mount its /proc")
+    return pid
+
+
+def _keep_beside(init_pid: int, hook_pid: int, status_r: int, done_fd: int | None) -> None:
+    """The keeper of a hook forked beside its init: waits for the hook, then ends the namespace (init killed: the
+    kernel kills every process left in it and returns init only once they are all gone), then exits the way the hook
+    did. A hook that said it is done: init said "D" before killing it, and the keeper lets init empty the namespace
+    and say exit 0. Never returns."""
+    _close_all_but(status_r, done_fd)
+    os.set_blocking(status_r, False)
+    status = _wait_for(hook_pid)
+    said = _read_all(status_r)
+    if not said.startswith(b"D"):
+        try:
+            os.kill(init_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_for(init_pid)
+    said = (said + _read_all(status_r))[1:]
+    if len(said) >= 4:
+        status = int.from_bytes(said[:4], "little", signed=True)  # init's word: the hook said it was done
+    if done_fd is not None:
+        try:
+            os.write(done_fd, status.to_bytes(4, "little", signed=True))
+        except OSError:
+            pass
+    _exit_like(status)
+
+
+def _read_all(fd: int) -> bytes:
+    """What a non-blocking pipe holds now."""
+    try:
+        return os.read(fd, 16)
+    except OSError:
+        return b""
+
+
+def _split_keeper_init_hook(lib, done_fd: int | None, init_fd: int | None = None) -> None:
+    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook.
+    With `init_fd` (a warm zygote's native init, `open_native_init`): `split_beside`."""
+    if init_fd is not None:
+        split_beside(lib, init_fd, done_fd)
+        return
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
     # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.

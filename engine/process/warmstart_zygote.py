@@ -320,9 +320,9 @@ def _finalize(status, main, forked_modules, interrupted):
         import signal
         signal.signal(_SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), _SIGINT)
-    if status == 0 and _DONE_SIGNAL and os.getpid() == 2 and os.getppid() == 1:
-        # Our own init (engine/process/sandbox_tree.py `_init`): done, exit 0. Its report goes out while the kernel
-        # frees this process's memory; the worker sees our stdio closed now rather than after that.
+    if status == 0 and _DONE_SIGNAL and os.getpid() == 2:
+        # Our namespace's init (native/spare.c init_main, or sandbox_tree.py `_init`): done, exit 0. Its report goes
+        # out while the kernel frees this process's memory; the worker sees our stdio closed now rather than after.
         os.closerange(0, 3)
         try:
             os.kill(1, _DONE_SIGNAL[0])
@@ -360,6 +360,8 @@ def _main(exec_mode=False):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spare_program = _loop.native_spare.program() if exec_mode else None  # engine/process/native_spare.py
+    if not exec_mode:  # hooks' init: the same program's init mode, beside the hook (sandbox_tree.py)
+        sandbox.use_native_init(_loop.native_spare.program())
     spec, fds = _loop._serve(ctl, sandbox, spare_program, exec_mode)
     exec_error = None
     try:

@@ -86,6 +86,36 @@ def test_cold_hooks_run_below_the_native_program_once_the_shape_is_known(tmp_pat
         assert r.stdout.strip() != program
 
 
+WARM_TREE_PROBE = """
+import json, os, sys
+sys.stdin.read()
+init = open("/proc/1/cmdline", "rb").read().split(b"\\0")
+print(json.dumps({"init": init[1].decode() if len(init) > 1 else "", "me": os.getpid(), "parent": os.getppid(),
+                  "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}))
+"""
+
+
+def test_a_warm_hooks_init_is_the_programs_init_mode_beside_it(tmp_path, monkeypatch, program):
+    """A warm hook (a fork of its zygote) runs beside init, not below it: init is the program's init mode (no fork
+    of the zygote), the hook's parent its keeper outside the namespace (getppid() says 0). Without the program,
+    init is a fork of the zygote and the hook's parent (pid 1)."""
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, WARM_TREE_PROBE)
+    seen = {}
+    for native in (True, False):
+        monkeypatch.setenv("LIBREFANG_WARM_START", "1")
+        monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
+        warmstart.shutdown()
+        for _ in range(3):  # the first on demand, the next ones from prepared spares
+            r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+                                  request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
+            assert r.ok, (r.failure, r.stderr)
+            assert r.reply["me"] == 2 and r.reply["pids"] == [1, 2], r.reply
+            seen.setdefault(native, []).append((r.reply["init"], r.reply["parent"]))
+    assert seen[True] == [("lfinit/1", 0)] * 3, seen
+    assert all(parent == 1 and init != "lfinit/1" for init, parent in seen[False]), seen
+
+
 @pytest.mark.parametrize("call_kw", [{}, {"max_memory_mb": 512, "max_cpu_secs": 7, "allow_network": False},
                                      {"allow_network": True, "plugin_env": {"LANG": "C.UTF-8", "X": "a b=c"}}],
                          ids=["defaults", "limits-no-network", "network-env"])

@@ -47,20 +47,22 @@ def home(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture(params=["warm", "cold", "cold-python-spare", "worker-spawned"])
+@pytest.fixture(params=["warm", "warm-python-init", "cold", "cold-python-spare", "worker-spawned"])
 def mode(request, monkeypatch, home):
-    """warm: forked from the zygote; cold: exec'd by the spawner, below its native spare (engine/process/native_spare.py)
-    once primed; cold-python-spare: the same without the native program (a machine without a C compiler);
-    worker-spawned: the fallback when the spawner is unavailable (Popen from the worker, `sandbox.enter` as its
-    preexec function).
+    """warm: forked from the zygote, beside the native program as its init (engine/process/sandbox_tree.py
+    `split_beside`); warm-python-init: below a fork of the zygote as init (a machine without a C compiler); cold:
+    exec'd by the spawner, below its native spare (engine/process/native_spare.py) once primed; cold-python-spare: the
+    same without the native program; worker-spawned: the fallback when the spawner is unavailable (Popen from the
+    worker, `sandbox.enter` as its preexec function).
 
     A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
     (engine/process/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
     (the first call of a helper takes the plain path, `enter`, which test_a_helpers_first_call_is_contained_too
     covers)."""
-    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param.startswith("warm") else "0")
     monkeypatch.setenv("LIBREFANG_SPAWNER", "0" if request.param == "worker-spawned" else "1")
-    monkeypatch.setenv(native_spare.SWITCH, "0" if request.param == "cold-python-spare" else "1")
+    monkeypatch.setenv(native_spare.SWITCH, "0" if request.param.endswith("python-spare") or
+                       request.param.endswith("python-init") else "1")
     warmstart.shutdown()
     primer = home / "plugins" / "primer"
     (primer / "hooks").mkdir(parents=True, exist_ok=True)

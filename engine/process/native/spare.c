@@ -18,8 +18,13 @@
  * Before that, any failure makes the spare exit 0 (the spawner then forks on demand); after it, a failure is the
  * hook's: "sandbox setup failed in the child: ..." on its stderr and exit status 126, or for exec the errno on the
  * exec error pipe and 127.
+ *
+ * With argv[1] INIT_WIRE ("lfinit/1") it is only an init: a warm hook's (engine/process/sandbox_tree.py
+ * split_beside), started by the zygote's spare right after it unshared the PID namespace, beside the hook the spare
+ * forks from python (init_main below).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -448,6 +453,59 @@ static void become_init(int status_w) {
     }
 }
 
+/* ---- init alone, for a warm hook forked beside it (engine/process/sandbox_tree.py split_beside) --------------- */
+
+#define INIT_WIRE "lfinit/1"
+
+/* Whether this namespace's /proc lists no process but init and the hook (pid 2). */
+static int only_init_and_hook(void) {
+    DIR *dir = opendir("/proc");
+    if (!dir) return 0;
+    int only = 1, init_seen = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        if (!strcmp(e->d_name, "1")) init_seen = 1;
+        else if (strcmp(e->d_name, "2")) only = 0;
+    }
+    closedir(dir);
+    return only && init_seen;
+}
+
+/* argv: INIT_WIRE report_fd status_fd. pid 1 of a PID namespace its keeper (a warm zygote's spare)
+ * has just unshared; the keeper forks the python hook (pid 2) beside it once init says "R" on status_fd (its /proc
+ * mounted). init reaps what is left to it, and takes the hook's word that it is done (SIGCONT from pid 2,
+ * warmstart_zygote.py `_finalize`): "D" to the keeper (which then waits for init rather than killing it), every
+ * process of the namespace killed, exit 0 reported to the zygote (report_fd) and to the keeper (status_fd). Any
+ * other end of the hook the keeper sees itself, and kills init. */
+static int init_main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    int report_fd = atoi(argv[2]), status_fd = atoi(argv[3]);
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIGCONT);
+    sigprocmask(SIG_SETMASK, &waited, NULL); /* queued for sigwaitinfo, never lost */
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
+    close_all_but(0, report_fd, status_fd);
+    become_init(status_fd); /* tied to the keeper (outside the namespace: getppid() says 0), a fresh /proc */
+    if (write(status_fd, READY, 1) != 1) _exit(137);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) { /* orphans */ }
+        siginfo_t info;
+        if (sigwaitinfo(&waited, &info) < 0) continue;
+        if (info.si_signo != SIGCONT || info.si_pid != 2) continue;
+        if (write(status_fd, "D", 1) < 0) { /* the keeper is gone */ } /* first: the keeper lets init finish */
+        kill(-1, SIGKILL); /* the hook too: it was about to _exit, now it cannot do anything else */
+        if (!only_init_and_hook()) empty_namespace(); /* someone else was left: killed and reaped first */
+        int32_t done = 0;
+        if (write(report_fd, &done, 4) < 0) { /* the zygote gave up on the call */ }
+        if (write(status_fd, &done, 4) < 0) { /* the keeper is gone */ }
+        _exit(0);
+    }
+}
+
 /* ---- the call ------------------------------------------------------------------------------------------------ */
 
 struct call {
@@ -724,6 +782,7 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
 /* ---- ahead of the call: the spare ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], INIT_WIRE)) return init_main(argc, argv);
     if (argc < 12 || strcmp(argv[1], WIRE) != 0) return 2;
     pid_t parent = (pid_t)atoi(argv[2]);
     int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
