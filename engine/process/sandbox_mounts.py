@@ -62,6 +62,7 @@ class View:
         # mount_setattr(2) made the view read-only (and so sets a bind's flags: no flag to restate)
         self.mounts = mounts
         self.made = set()  # mount points made ahead, in a cover still writable then
+        self.dirs = set()  # directories made in the covers so far (each made once)
 
     def close(self) -> None:
         for fd in self.sources.values():
@@ -124,7 +125,7 @@ def _make_mount_points(view: View, paths, covers) -> None:
         for path in paths:
             cover = _deepest(path, covers)
             if cover is not None:
-                _make_mount_point(path, cover, True)
+                _make_mount_point(path, cover, True, view.dirs)
                 view.made.add(path)
     finally:
         os.umask(mask)
@@ -145,7 +146,7 @@ def bind_kept(lib, view: View, kept, last: bool = True) -> None:
                     if cover in view.sealed and cover not in opened:
                         _seal(lib, cover, False)
                         opened.add(cover)
-                    _make_mount_point(path, cover, stat.S_ISDIR(os.fstat(fd).st_mode))
+                    _make_mount_point(path, cover, stat.S_ISDIR(os.fstat(fd).st_mode), view.dirs)
                 _mount(lib, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
             finally:
                 os.close(fd)
@@ -171,7 +172,7 @@ def rehearse_binds(lib, view: View) -> None:
         scratch = os.path.join(PRIVATE_DIRS[0], ".librefang-rehearsal")
         mask = os.umask(0o022)
         try:
-            _make_mount_point(os.path.join(scratch, "kept"), _deepest(scratch, view.covers), True)
+            _make_mount_point(os.path.join(scratch, "kept"), _deepest(scratch, view.covers), True, set())
         finally:
             os.umask(mask)
             for path in (os.path.join(scratch, "kept"), scratch):
@@ -251,17 +252,20 @@ def _deepest(path: str, tops) -> str | None:
     return max(found, key=len) if found else None
 
 
-def _make_mount_point(path: str, cover: str, directory: bool) -> None:
-    """`path` made in the (empty, fresh) tmpfs of `cover`: its directories one by one from the cover down, and an
-    empty file for a file."""
+def _make_mount_point(path: str, cover: str, directory: bool, made: set) -> None:
+    """`path` made in the (empty, fresh) tmpfs of `cover`: its directories one by one from the cover down (but those
+    in `made`, which it adds to), and an empty file for a file."""
     parts = os.path.relpath(path, cover).split(os.sep)
     current = cover
     for part in parts if directory else parts[:-1]:
         current = os.path.join(current, part)
+        if current in made:
+            continue
         try:
             os.mkdir(current, 0o755)
         except FileExistsError:
             pass
+        made.add(current)
     if not directory:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
