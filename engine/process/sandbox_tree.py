@@ -206,10 +206,20 @@ INIT_WIRE = "lfinit/1"  # native/spare.c init_main: report fd (-1: none), status
 
 def use_native_init(path: str | None) -> None:
     """In a warm zygote, before its first child: hooks' init is `path` (native/spare.c's init mode) from now on,
-    forked beside the hook rather than as its parent (`split_beside`); None: a fork of the zygote, as for cold
-    hooks. Not inside a user namespace (a service that is not root): there the exec would cost init the
-    capabilities it needs to mount its /proc (the mapped uid is not 0), so init stays a fork."""
-    _native_init[:] = [path] if path else []
+    forked beside the hook rather than as its parent (`split_beside`), if that build has an init mode (asked once);
+    None: a fork of the zygote, as for cold hooks. Not inside a user namespace (a service that is not root): there
+    the exec would cost init the capabilities it needs to mount its /proc (the mapped uid is not 0), so init stays a
+    fork."""
+    _native_init[:] = [path] if path and _has_init_mode(path) else []
+
+
+def _has_init_mode(path: str) -> bool:
+    try:
+        pid = os.posix_spawn(path, [path, INIT_WIRE], {})
+    except OSError:
+        return False
+    status = _wait_for(pid)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def open_native_init() -> int | None:

@@ -116,6 +116,24 @@ def test_a_warm_hooks_init_is_the_programs_init_mode_beside_it(tmp_path, monkeyp
     assert all(parent == 1 and init != "lfinit/1" for init, parent in seen[False]), seen
 
 
+def test_a_build_without_an_init_mode_leaves_warm_hooks_a_forked_init(tmp_path, monkeypatch, program):
+    """A build from before the init mode (it answers 2 to "lfinit/1", as to any wire it does not know): the zygote
+    asks once and its hooks' init stays a fork of it."""
+    older = tmp_path / "librefang-spare-older"
+    older.write_text("#!/bin/sh\nexit 2\n")
+    older.chmod(0o755)
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, WARM_TREE_PROBE)
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1")
+    monkeypatch.setenv(native_spare.SWITCH, str(older))
+    warmstart.shutdown()
+    for _ in range(3):
+        r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+                              timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["parent"] == 1 and r.reply["init"] != "lfinit/1" and r.reply["pids"] == [1, 2], r.reply
+
+
 @pytest.mark.parametrize("call_kw", [{}, {"max_memory_mb": 512, "max_cpu_secs": 7, "allow_network": False},
                                      {"allow_network": True, "plugin_env": {"LANG": "C.UTF-8", "X": "a b=c"}}],
                          ids=["defaults", "limits-no-network", "network-env"])

@@ -478,6 +478,7 @@ static int only_init_and_hook(void) {
  * process of the namespace killed, exit 0 reported to the zygote (report_fd) and to the keeper (status_fd). Any
  * other end of the hook the keeper sees itself, and kills init. */
 static int init_main(int argc, char **argv) {
+    if (argc == 2) return 0; /* "do you have an init mode?" (sandbox_tree.py use_native_init); older builds say 2 */
     if (argc != 4) return 2;
     int report_fd = atoi(argv[2]), status_fd = atoi(argv[3]);
     sigset_t waited;
