@@ -12,7 +12,8 @@ with warm start, interleaved with direct spawns of the same hook as bench/run.py
 `--timeline` runs a copy of that hook that also writes `time.monotonic_ns()` on stderr when its `__main__` starts and
 once its answer is flushed, marks the worker's steps (monkeypatched, in this process), and records the kernel's side
 with `perf record -k mono` (CLOCK_MONOTONIC, as time.monotonic_ns): tracepoints of the hook's process (pid 2 of its
-namespace), its init (pid 1) and keeper, and the zygote. Each step's time is from the invoke's start.
+namespace), its init (pid 1: a fork that forks the hook, or the native init beside it) and keeper, and the zygote.
+Each step's time is from the invoke's start.
 """
 
 from __future__ import annotations
@@ -203,8 +204,7 @@ def timeline(engine: EngineDirect, spawn: DirectSpawn, calls: int, work: Path, s
     for r in results:
         t0, end = r["invoke_start"], r["invoke_end"]
         keeper = r.get("keeper")
-        init = (children.get(keeper) or [None])[0]
-        hook = (children.get(init) or [None])[0] if init else None
+        init, hook = init_and_hook(children, keeper)
         ev = dict(r)
         if hook:
             ev["hook_got_call"] = last(hook, "syscalls:sys_exit_recvmsg", t0, end)
@@ -280,13 +280,23 @@ def show_fault_regions(data: Path, windows, maps: str) -> None:
         print(f"  {c / n:7.1f}  {name}")
 
 
+def init_and_hook(children: dict, keeper) -> tuple:
+    """(init, hook) of a keeper: its first child, and init's (init a fork that forks the hook) or the keeper's second
+    (the hook forked beside the native init: engine/process/sandbox_tree.py split_beside)."""
+    kids = children.get(keeper) or []
+    init = kids[0] if kids else None
+    hook = (children.get(init) or [None])[0] if init else None
+    if hook is None and len(kids) > 1:
+        hook = kids[1]
+    return init, hook
+
+
 def show_syscalls(results, children, by_pid) -> None:
     """The hook's (and init's) syscalls from the call's arrival to the hook's exit, for the median call."""
     names = syscall_names()
     spans = []
     for r in results:
-        init = (children.get(r.get("keeper")) or [None])[0]
-        hook = (children.get(init) or [None])[0] if init else None
+        init, hook = init_and_hook(children, r.get("keeper"))
         if hook:
             spans.append((r["invoke_end"] - r["invoke_start"], r, init, hook))
     spans.sort(key=lambda x: x[0])

@@ -16,6 +16,8 @@ import functools
 import os
 from pathlib import Path
 
+from engine.filecache import real_path
+
 CODE_TREE = str(Path(__file__).resolve().parents[2])  # the service's checkout (engine/process/ is two levels down)
 CONCEALED_DIRS = ("/root", "/home", "/run", "/var/run", "/etc/ssh", "/etc/sudoers.d", "/var/spool/cron",
                   "/var/lib/sss", "/etc/ssl/private")
@@ -52,21 +54,30 @@ def covers(allow_filesystem: bool) -> tuple[str, ...]:
 
 def bound_back(argv0: str | None, covered: tuple[str, ...], network: bool) -> list[str]:
     """Paths under the covers a hook needs read-only: its launcher's installation, and resolv.conf's target."""
-    out = []
-    if argv0:
-        real = os.path.realpath(argv0)
-        if _covered(real, covered):
-            bindir = os.path.dirname(real)
-            prefix = os.path.dirname(bindir) if os.path.basename(bindir) == "bin" else bindir
-            for candidate in (prefix, bindir):
-                if not any(_under(c, candidate) for c in covered):  # never a cover itself, nor above one
-                    out.append(candidate)
-                    break
-    if network:
-        resolv = os.path.realpath("/etc/resolv.conf")
-        if _covered(resolv, covered) and os.path.isfile(resolv):
-            out.append(resolv)
-    return out
+    return launcher_dirs(argv0, covered) + resolver_files(covered, network)
+
+
+def launcher_dirs(argv0: str | None, covered: tuple[str, ...]) -> list[str]:
+    """The launcher's installation (its prefix, or its bin directory) when a cover hides it: real paths."""
+    if not argv0:
+        return []
+    real = real_path(argv0)
+    if not _covered(real, covered):
+        return []
+    bindir = os.path.dirname(real)
+    prefix = os.path.dirname(bindir) if os.path.basename(bindir) == "bin" else bindir
+    for candidate in (prefix, bindir):
+        if not any(_under(c, candidate) for c in covered):  # never a cover itself, nor above one
+            return [candidate]
+    return []
+
+
+def resolver_files(covered: tuple[str, ...], network: bool) -> list[str]:
+    """For a hook with network: the file /etc/resolv.conf points to, when a cover hides it."""
+    if not network:
+        return []
+    resolv = os.path.realpath("/etc/resolv.conf")
+    return [resolv] if _covered(resolv, covered) and os.path.isfile(resolv) else []
 
 
 def _covered(path: str, covered: tuple[str, ...]) -> bool:

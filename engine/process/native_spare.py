@@ -46,7 +46,8 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) 
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
     in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
     Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape[:8]  # (the disks' epoch only tells shapes apart)
+    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape[:7]  # (launcher: with the call; the epoch tells shapes apart)
+    mapped = shape.mapped
     fd = sock.fileno()
     # a service that is not root: its kept user namespace (engine/process/sandbox_userns.py), which the program joins
     userns = sandbox_userns.kept(mapped, uid, gid) if user_ns and mapped else None

@@ -161,7 +161,8 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         rlimits.append(("RLIMIT_NPROC", n, n))
     covers = hook_view.covers(call.allow_filesystem) if isolate else ()
     new_net = not call.allow_network and network_isolation_available()
-    extra = hook_view.bound_back(argv[0] if argv else None, covers, not new_net) if isolate else []
+    launcher = hook_view.launcher_dirs(argv[0] if argv else None, covers) if isolate else []
+    resolver = hook_view.resolver_files(covers, not new_net) if isolate else []
     return sandbox.SandboxSpec(
         cwd=str(call.plugin_dir),
         env=env,
@@ -171,7 +172,8 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         mapped=sandbox.mapped_ids() if isolate else (),
         new_net=new_net,
         hide=home if home != "/" else None,
-        keep=tuple(_path_in_home(d) for d in own_dirs) + tuple(extra),
+        keep=tuple(_path_in_home(d) for d in own_dirs) + tuple(resolver),
+        launcher=tuple(launcher),
         read_only=not call.allow_filesystem and isolate,
         writable=tuple(_path_in_home(call.data_dir) for _ in [0] if call.data_dir is not None),
         cgroups=cgroup_dirs,

@@ -9,18 +9,19 @@ CPython >= 3.9.
 
 Where the OS allows namespaces (root, or an unprivileged user namespace), `enter` gives every hook:
 - its own PID namespace with a fresh /proc: it sees no service process. The child that called `enter` stays outside
-  as a *keeper* the caller waits on; inside, a tiny init (pid 1) runs the hook (pid 2) and reaps orphans. When the
-  hook ends, init ends with its exit status, and the kernel kills everything left in the namespace: detached,
-  double-forked or pipe-holding descendants cannot outlive the call. When the keeper is killed (timeout), init gets
-  PDEATHSIG and the namespace dies the same way. The keeper mirrors the hook's exit status (signal included).
+  as a *keeper* the caller waits on; inside, a tiny init (pid 1) reaps orphans and the hook is pid 2 (init's child,
+  or in a warm zygote with the native program the keeper's, beside init: engine/process/sandbox_tree.py). When the
+  hook ends, the namespace ends with it and the kernel kills everything left in it: detached, double-forked or
+  pipe-holding descendants cannot outlive the call. When the keeper is killed (timeout), init gets PDEATHSIG and the
+  namespace dies the same way. The keeper mirrors the hook's exit status (signal included).
 - a private mount namespace, every mount read-only: `$LIBREFANG_HOME` and what else the caller conceals (the code
   tree, /root, /home, /run, credential files; with `allow_filesystem = false` every non-system top-level directory)
   covered, the plugin's own directory (read-only) and its data directory (writable) bound back at the same paths,
   a private tmpfs on /tmp and /dev/shm (engine/process/sandbox_mounts.py).
 - its own IPC and UTS namespaces; an empty network namespace when `allow_network = false`.
-- a host identity of its own (`hook_uid`/`hook_gid`, its init drops to it too: a root service, or one that is not
-  root but has subordinate ids, whose hooks' namespaces are made inside the user namespace it keeps with them
-  mapped, engine/process/sandbox_userns.py), no capabilities, no_new_privs and the seccomp filter
+- a host identity of its own (`hook_uid`/`hook_gid`: a root service, or one that is not root but has subordinate
+  ids, whose hooks' namespaces are made inside the user namespace it keeps with them mapped,
+  engine/process/sandbox_userns.py), no capabilities, no_new_privs and the seccomp filter
   (engine/process/sandbox_seccomp.py), all before it runs anything.
 - rlimits (RLIMIT_AS, RLIMIT_CPU, and RLIMIT_NPROC inside a user namespace, where it counts only the hook's own
   processes) and, where a writable cgroup is available, a per-call cgroup with memory and pids limits (the caller
@@ -47,16 +48,16 @@ import threading
 from . import sandbox_seccomp, sandbox_userns
 from .sandbox_cgroups import Cgroups, _oom_killed, cgroups
 from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
-from .sandbox_libc import SetupError, libc
+from .sandbox_libc import SetupError, has_mount_setattr, libc
 from .sandbox_mounts import kept_dirs
-from .sandbox_spare import enter_hook, make_netns, pre_enter, shape_of
-from .sandbox_tree import HOOK_DONE
+from .sandbox_spare import enter_hook, make_netns, plan_view, pre_enter, rehearse, shape_of
+from .sandbox_tree import HOOK_DONE, use_native_init
 
 __all__ = [
     "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
-    "forget_probe", "kept_dirs", "kept_userns_fds", "libc", "make_netns", "mapped_ids", "mode",
-    "network_isolation_available", "pre_enter", "probe", "seccomp_filter", "shape_of", "uid_drop", "as_owner",
-    "_oom_killed",
+    "forget_probe", "has_mount_setattr", "kept_dirs", "kept_userns_fds", "libc", "make_netns", "mapped_ids", "mode",
+    "network_isolation_available", "plan_view", "pre_enter", "probe", "rehearse", "seccomp_filter", "shape_of",
+    "uid_drop", "use_native_init", "as_owner", "_oom_killed",
 ]
 
 

@@ -29,7 +29,7 @@ from .sandbox_libc import (
     libc,
 )
 from .sandbox_mounts import bind_kept, kept_dirs, prepare_view
-from .sandbox_tree import _split_keeper_init_hook
+from .sandbox_tree import _split_keeper_init_hook, open_native_init
 
 _CAP_VERSION_3 = 0x20080522
 # Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
@@ -51,9 +51,10 @@ class SandboxSpec:
     mapped: tuple = ()  # ... or join the kept one of its subordinate ids (engine/process/sandbox_userns.py)
     new_net: bool = False  # empty network namespace (allow_network = false)
     hide: str | None = None  # $LIBREFANG_HOME (real path): covered by an empty tmpfs ...
-    keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir, launcher), read-only ...
+    keep: tuple = ()  # ... except these, bound back at the same paths (plugin dir, data dir), read-only ...
     read_only: bool = False  # allow_filesystem = false (what it conceals more is in `conceal`)
     writable: tuple = ()  # ... but these (the data dir)
+    launcher: tuple = ()  # the launcher's installation under a cover, bound back read-only (real paths)
     cgroups: tuple = ()  # cgroup directories to join (made by `Cgroups.create`)
     cgroup_limits: tuple = ()  # (memory bytes, pids) of the call's cgroup, for a spawner that prepares it itself
     uid: int = 0  # the service's uid/gid, mapped to themselves in a user namespace
@@ -72,7 +73,7 @@ class SandboxSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SandboxSpec:
-        tuples = {"rlimits", "keep", "writable", "cgroups", "cgroup_limits", "conceal", "mapped"}
+        tuples = {"rlimits", "keep", "writable", "launcher", "cgroups", "cgroup_limits", "conceal", "mapped"}
         return cls(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if k in tuples else v)
                       for k, v in data.items()})
 
@@ -97,10 +98,12 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
         if lib is None:
             raise SetupError("no libc")
         kept = kept_dirs(spec)  # resolved while everything is visible
-        unshare(lib, NAMESPACES | (CLONE_NEWNET if spec.new_net else 0), spec.user_ns, spec.mapped, spec.uid, spec.gid)
+        init_fd = None if spec.user_ns else open_native_init()  # (a warm zygote's) before the covers hide it
+        flags = NAMESPACES | (CLONE_NEWNET if spec.new_net else 0)
+        unshare(lib, flags, spec.user_ns, spec.mapped, spec.uid, spec.gid)
         view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
         bind_kept(lib, view, kept)
-        _split_keeper_init_hook(lib, done_fd, (spec.hook_uid, spec.hook_gid))  # returns in the hook only
+        _split_keeper_init_hook(lib, done_fd, init_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")
@@ -110,10 +113,11 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
     _enter_last(lib, spec)
 
 
-def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None) -> None:
+def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None, prepared=None) -> None:
     """What the hook's own process applies last, whichever way it got its namespaces: rlimits, its own host identity
     (before anything it runs), no capabilities, no_new_privs, the seccomp filter, its cwd. `capable`: what
-    `empty_bounding_set` said in this process ahead of its call (None: not done)."""
+    `empty_bounding_set` said in this process ahead of its call (None: not done); `prepared`: the filter built ahead
+    (sandbox_seccomp.Prepared)."""
     for name, soft, hard in spec.rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if lib is not None and capable is None:
@@ -123,7 +127,7 @@ def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None) -> None:
     if lib is not None:
         _drop_privileges(lib, capable)
         if spec.seccomp:
-            _load_seccomp(lib)
+            _load_seccomp(lib, prepared)
     os.chdir(spec.cwd)  # after the mounts: a cwd taken before would still reach the hidden home through ".."
 
 
@@ -137,11 +141,12 @@ def become(uid: int, gid: int) -> None:
         raise SetupError(f"could not drop to uid {uid}")
 
 
-def _load_seccomp(lib) -> None:
-    program, why = sandbox_seccomp.compiled()
-    if program is None:
-        raise SetupError(f"no seccomp filter: {why}")
-    _check(sandbox_seccomp.load(lib, program), "seccomp")
+def _load_seccomp(lib, prepared=None) -> None:
+    if prepared is None:
+        prepared, why = sandbox_seccomp.compiled()
+        if prepared is None:
+            raise SetupError(f"no seccomp filter: {why}")
+    _check(sandbox_seccomp.load(lib, prepared), "seccomp")
 
 
 def unshare(lib, flags: int, user_ns: bool, mapped: tuple, uid: int, gid: int) -> None:

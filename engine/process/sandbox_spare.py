@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import NamedTuple
 
-from . import sandbox_userns
+from . import sandbox_seccomp, sandbox_userns
 from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, empty_bounding_set, unshare
 from .sandbox_libc import (
     CLONE_NEWNET,
@@ -21,81 +22,91 @@ from .sandbox_libc import (
     _check,
     libc,
 )
-from .sandbox_mounts import bind_kept, prepare_view
+from .sandbox_mounts import bind_kept, launcher_kept, prepare_view, rehearse_binds, shape_covers
 from .sandbox_tree import (
     _become_init,
     _fork,
     _init,
     _keep,
     _wait_for,
-    await_init,
     fork_hook,
-    identity_pipes,
-    send_ids,
+    open_native_init,
+    split_beside,
 )
 
 
-def shape_of(spec: SandboxSpec) -> tuple | None:
+class SpareShape(NamedTuple):
+    """What a spare prepares ahead of its call (`shape_of`): a spare fits a call of an equal shape."""
+
+    user_ns: bool  # a user namespace of its own (a service that is not root) ...
+    uid: int  # ... mapping the service's uid and gid
+    gid: int
+    hide: str | None  # $LIBREFANG_HOME, covered
+    home_exists: bool
+    conceal: tuple  # what else the view covers (engine/process/hook_view.py)
+    tmp_mb: int  # the private /tmp and /dev/shm
+    launcher: tuple  # the launcher's installation bound back ahead (a warm zygote's), else ()
+    mapped: tuple  # a service with subordinate ids: its kept user namespace's maps (engine/process/sandbox_userns.py)
+    disks_epoch: int  # the data disks' mounts this spare's view copied (engine/process/data_disks.py)
+
+
+def shape_of(spec: SandboxSpec, launcher: bool = False) -> SpareShape | None:
     """What `pre_enter` prepares ahead of a call: the same for every call of one service (and one kind of filesystem
-    view), so a spare child prepared for the last call fits the next one. None: nothing to prepare (no namespaces).
-    A service that is not root with subordinate ids (`mapped`) has its kept user namespace made here, in the zygote or
-    spawner, so that the spares it forks or spawns inherit it."""
+    view), so a spare child prepared for the last call fits the next one. With `launcher` (a warm zygote: every call
+    has its interpreter), the launcher's installation is bound back ahead too. A service that is not root with
+    subordinate ids (`mapped`) has its kept user namespace made here, in the zygote or spawner, so that the spares it
+    forks or spawns inherit it. None: nothing to prepare (no namespaces)."""
     if not spec.isolate:
         return None
     if spec.mapped:
         sandbox_userns.kept(spec.mapped, spec.uid, spec.gid)
-    return (spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
-            tuple(spec.conceal), spec.tmp_mb, spec.mapped,
-            spec.disks_epoch)
+    return SpareShape(spec.user_ns, spec.uid, spec.gid, spec.hide, bool(spec.hide) and os.path.isdir(spec.hide),
+                      tuple(spec.conceal), spec.tmp_mb, tuple(spec.launcher) if launcher else (), spec.mapped,
+                      spec.disks_epoch)
 
 
-def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
+def plan_view(shape: SpareShape) -> tuple:
+    """What `pre_enter` covers and binds ahead for `shape`, looked up by the zygote right before it forks the spare:
+    the same lookups in the fresh spare would cost it a copy of every page of the zygote they touch."""
+    return (shape_covers(shape.hide if shape.home_exists else None, shape.conceal, shape.tmp_mb > 0),
+            launcher_kept(shape.launcher))
+
+
+def pre_enter(shape: SpareShape, parent_pid: int, sock, await_call, plan: tuple | None = None) -> tuple:
     """In a spare child (already in its own session and cgroup), before its call: everything of `enter` that does
     not depend on the call — the user, mount, PID, IPC and UTS namespaces, the view's call-independent part
     (engine/process/sandbox_mounts.py `prepare_view`), init forked with a fresh /proc, and the hook's own process
     (pid 2) forked too. The spare becomes the keeper at once, init waits for the hook, and the hook waits for its
     call on `sock` (`await_call(sock)` -> (call, fds), the spare's socket to its zygote): then it binds its own
-    directories back, enters an empty network namespace if asked and tells init its identity, and this function
-    returns (call, fds) in it (the rest is `enter_hook`). On the call's path: no fork, no unshare but the
-    network's, a few mounts.
+    directories back and enters its network namespace, and this function returns (call, fds) in it (the rest is
+    `enter_hook`). On the call's path: no fork, no unshare but the network's, a few mounts.
 
     The keeper reports the hook's status on `sock` (`done_fd` of `enter`), which the hook closes before any plugin
-    code runs. Raises SetupError in the spare only (nothing forked yet)."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb, mapped = shape[:8]  # (the disks' epoch only tells shapes apart)
+    code runs. `plan`: `plan_view(shape)`, when the zygote looked it up. Raises SetupError in the spare only
+    (nothing forked yet)."""
     lib = libc()
     if lib is None:
         raise SetupError("no libc")
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(137)
-    unshare(lib, NAMESPACES, user_ns, mapped, uid, gid)
-    view = prepare_view(lib, hide if home_exists else None, conceal, tmp_mb)
-    status_r, status_w = os.pipe()
-    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see _split_keeper_init_hook
-    init_pid = _fork()
-    if init_pid:
-        os.close(status_w)
-        _keep(init_pid, status_r, sock.fileno())
-    os.close(status_r)
-    try:
-        _become_init(lib, status_w)
-    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
-        os._exit(SETUP_FAILED)
-    for_init, for_hook = identity_pipes()
-    hook_pid = fork_hook()
-    if hook_pid:
-        for fd in for_hook:
-            os.close(fd)
-        _init(hook_pid, status_w, sock.fileno(), for_init)
-    os.close(status_w)
-    for fd in for_init:
-        os.close(fd)
-    _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook)
+    unshare(lib, NAMESPACES, shape.user_ns, shape.mapped, shape.uid, shape.gid)
+    covered, ahead = plan if plan is not None else plan_view(shape)
+    init_fd = None if shape.user_ns else open_native_init()  # (before the covers hide it; see use_native_init)
+    view = prepare_view(lib, shape.hide if shape.home_exists else None, shape.conceal, shape.tmp_mb, ahead,
+                        covered)
+    if init_fd is not None:  # a warm zygote's: init is the native program, the hook its sibling (sandbox_tree.py)
+        split_beside(lib, init_fd, sock.fileno(), sock.fileno())
+    else:
+        _fork_init_then_hook(lib, sock)
+    _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook), as is building the filter
+    program = sandbox_seccomp.compiled()[0]
+    _filter.append(sandbox_seccomp.Prepared(program) if program is not None else None)
+    _view.append(view)
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
-        spec = SandboxSpec.from_dict(call["sandbox"])
-        send_ids(for_hook[0], (spec.hook_uid, spec.hook_gid))
-        if not home_exists and spec.hide and os.path.isdir(spec.hide):
+        spec = _spec[0] = SandboxSpec.from_dict(call["sandbox"])
+        if not shape.home_exists and spec.hide and os.path.isdir(spec.hide):
             raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
         bind_kept(lib, view, call.pop("kept", []))
         if spec.new_net:
@@ -108,12 +119,30 @@ def pre_enter(shape: tuple, parent_pid: int, sock, await_call) -> tuple:
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
-    await_init(for_hook[1])
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
 
 
-def make_netns(shape: tuple | None = None) -> int | None:
+def _fork_init_then_hook(lib, sock) -> None:
+    """keeper (this process) -> init (a fork of it) -> hook, whose process this returns in."""
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see sandbox_tree.py _split_keeper_init_hook
+    init_pid = _fork()
+    if init_pid:
+        os.close(status_w)
+        _keep(init_pid, status_r, sock.fileno())
+    os.close(status_r)
+    try:
+        _become_init(lib, status_w)
+    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
+        os._exit(SETUP_FAILED)
+    hook_pid = fork_hook()
+    if hook_pid:
+        _init(hook_pid, status_w, sock.fileno())
+    os.close(status_w)
+
+
+def make_netns(shape: SpareShape | None = None) -> int | None:
     """A descriptor on a new, empty network namespace (loopback down), or None. Made once per plugin by a zygote
     and entered by that plugin's hooks (`pre_enter`) instead of one namespace made and torn down per call: the
     kernel's network namespace cleanup is costly and serialised. Never shared across plugins (abstract unix
@@ -123,8 +152,8 @@ def make_netns(shape: tuple | None = None) -> int | None:
     lib = libc()
     if lib is None:
         return None
-    mapped = shape[7] if shape is not None and shape[0] else ()
-    userns = sandbox_userns.kept(mapped, shape[1], shape[2]) if mapped else None
+    mapped = shape.mapped if shape is not None and shape.user_ns else ()
+    userns = sandbox_userns.kept(mapped, shape.uid, shape.gid) if mapped else None
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = _fork()
@@ -161,9 +190,27 @@ def _report_setup_failure(fds: list, message: str) -> None:
 
 
 _capable: list = []  # in a prepared hook's process: whether it has capabilities, its bounding set emptied ahead
+_filter: list = []  # ... and its seccomp filter, built ahead (sandbox_seccomp.Prepared)
+_view: list = []  # ... and its view (`rehearse`)
+_spec: list = [None]  # ... and its call's SandboxSpec, read once
+
+
+def rehearse() -> None:
+    """In a prepared hook's process, ahead of its call: the call's part of the sandbox once, to no effect (the
+    zygote's rehearsal of a hook's start, engine/process/warmstart_zygote.py `_rehearse`): the binds' steps, the
+    identity calls."""
+    lib = libc()
+    if lib is None or not _view:
+        return
+    rehearse_binds(lib, _view[-1])
+    os.setresgid(-1, -1, -1)
+    os.setresuid(-1, -1, -1)
+    os.getresuid()
+    os.getresgid()
 
 
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
-    _enter_last(libc(), SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None)
+    _enter_last(libc(), _spec[0] or SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
+                _filter[-1] if _filter else None)
 

@@ -3,6 +3,12 @@
 PID namespace waits for init and exits the way the hook did; init (pid 1 inside, a fresh /proc) reaps everything and
 ends with the hook. Stdlib only and loaded outside the engine package in the zygote and the spawner, like
 engine/process/sandbox.py.
+
+Two shapes. A fork of the helper as init, the hook forked by init: keeper -> init -> hook (cold hooks, and warm ones
+where the native program is missing). In a warm zygote with the native program (engine/process/native/spare.c, its
+init mode), init is that program, started without a fork of the zygote's memory, and the keeper forks the hook
+beside it: keeper -> init, keeper -> hook (`_split_beside`). A fork of a zygote costs its page tables, the pages it
+writes and, at its exit, the unmapping of all of it (about 1.5 ms of CPU); this spares one per warm call.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ import os
 import resource
 import select
 import signal
-import struct
 import warnings
 
 from .sandbox_libc import (
@@ -26,7 +31,6 @@ from .sandbox_libc import (
     PR_SET_PDEATHSIG,
     SetupError,
     _mount,
-    libc,
 )
 
 
@@ -64,8 +68,10 @@ def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
 
 
 # Sent by a python hook forked warm to its init (pid 1) once it is done and has closed its stdio, just before its
-# _exit: "exited 0" (engine/process/warmstart_zygote.py `_finalize`). Any other status goes the usual way.
-HOOK_DONE = signal.SIGRTMIN
+# _exit: "exited 0" (engine/process/warmstart_zygote.py `_finalize`). Any other status goes the usual way. SIGCONT,
+# because the kernel lets any process send it within its own session whatever the uids: the hook (its plugin's
+# uid) to its init, which keeps the identity it was forked with (reaping and emptying the namespace need it).
+HOOK_DONE = signal.SIGCONT
 # What init waits for. Blocked before the hook is forked: a hook that says it is done before init has blocked
 # HOOK_DONE would otherwise lose the signal (pid 1 drops a signal it has no handler for) and run to its timeout.
 INIT_WAITS = frozenset({signal.SIGCHLD, HOOK_DONE})
@@ -80,34 +86,23 @@ def fork_hook() -> int:
     return pid
 
 
-def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple | None = None) -> None:
+def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
     """pid 1 of the hook's namespace: reaps everything, ends with the hook. Never returns.
-
-    With `ids` (a prepared spare's init, made before its call's identity was known: the pipes of `identity_pipes`),
-    init first waits for the identity the hook drops to (`send_ids`, on the call's path), drops to it too, so that
-    the hook can signal it (init needs no privilege to reap, nor to kill what runs as the hook does), and says so.
 
     With `report_fd` (the keeper's report channel to its zygote), init empties the namespace itself once the hook
     has ended (SIGKILL to every process of it, all reaped) and reports the hook's status there at once, a wake-up
     sooner than the keeper can; the keeper still reports after init's exit (the zygote takes the first).
 
-    Init also takes the hook's word that it is done (HOOK_DONE): it kills every process of the namespace at
-    once, the hook included, and when the hook was the only one left (its /proc), reports exit 0 without waiting
-    for the kernel to free the hook's memory (about a millisecond for a fork of the zygote, bench/README.md). The
-    hook cannot run again, and nothing else is left; a hook could as well have exited 0 itself."""
-    _close_all_but(status_w, report_fd, *(ids or ()))
+    Init also takes the hook's word that it is done (HOOK_DONE, from the hook's own pid only): it kills every
+    process of the namespace at once, the hook included, and when the hook was the only one left (its /proc),
+    reports exit 0 without waiting for the kernel to free the hook's memory (about a millisecond for a fork of the
+    zygote, bench/README.md). The hook cannot run again, and nothing else is left; a hook could as well have exited 0
+    itself."""
+    _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     waited = INIT_WAITS
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # (already blocked by fork_hook) queued, not lost
-    if ids is not None:
-        ids_r, ack_w = ids
-        _drop_to(_receive_ids(ids_r), status_w)
-        try:
-            os.write(ack_w, b"1")
-        except OSError:
-            pass
-        os.close(ack_w)
     while True:
         while True:  # every child that has ended (SIGCHLDs merge), the hook's first
             try:
@@ -127,61 +122,6 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None, ids: tuple
             if _only_init_and(hook_pid):
                 _report(0, status_w, report_fd, emptied=True)
             _report(0, status_w, report_fd)  # (someone else was left: killed, reaped, then reported)
-
-
-def identity_pipes() -> tuple:
-    """((ids_r, ack_w) for init, (ids_w, ack_r) for the hook): the hook sends its identity, init answers once it
-    dropped to it."""
-    ids_r, ids_w = os.pipe()
-    ack_r, ack_w = os.pipe()
-    return (ids_r, ack_w), (ids_w, ack_r)
-
-
-def send_ids(ids_w: int, ids: tuple) -> None:
-    """From a prepared hook to its init, first thing on the call's path: the identity it drops to ((-1, -1):
-    none)."""
-    try:
-        os.write(ids_w, struct.pack("=ii", *ids))
-    finally:
-        os.close(ids_w)
-
-
-def await_init(ack_r: int) -> None:
-    """In the prepared hook, last thing before its script: init has dropped to the hook's identity (it had the
-    call's setup to do it in), or is gone."""
-    try:
-        os.read(ack_r, 1)
-    except OSError:
-        pass
-    os.close(ack_r)
-
-
-def _receive_ids(ids_r: int) -> tuple:
-    try:
-        data = os.read(ids_r, 8)
-    except OSError:
-        data = b""
-    os.close(ids_r)
-    return struct.unpack("=ii", data) if len(data) == 8 else (-1, -1)  # (the hook went without its call)
-
-
-def _drop_to(ids: tuple, status_w: int) -> None:
-    """init drops to the hook's identity (as sandbox_enter.py `become`); it stays as it is when there is none or
-    this fails (then the hook's HOOK_DONE is refused, and its exit reported the usual way). The kernel clears the
-    parent-death signal with the change: set again, then the keeper checked as `_become_init` does."""
-    uid, gid = ids
-    if uid < 0:
-        return
-    try:
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    except OSError:
-        pass
-    lib = libc()
-    if lib is not None:
-        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    _exit_if_keeper_gone(status_w)
 
 
 def _only_init_and(pid: int) -> bool:
@@ -259,9 +199,120 @@ def _exit_if_keeper_gone(status_w: int) -> None:
         os._exit(137)
 
 
-def _split_keeper_init_hook(lib, done_fd: int | None, ids: tuple = (-1, -1)) -> None:
+# In a warm zygote: the path of the native program whose init mode is its hooks' init (`use_native_init`).
+_native_init: list = []
+INIT_WIRE = "lfinit/1"  # native/spare.c init_main: report fd (-1: none), status fd
+
+
+def use_native_init(path: str | None) -> None:
+    """In a warm zygote, before its first child: hooks' init is `path` (native/spare.c's init mode) from now on,
+    forked beside the hook rather than as its parent (`split_beside`), if that build has an init mode (asked once);
+    None: a fork of the zygote, as for cold hooks. Not inside a user namespace (a service that is not root): there
+    the exec would cost init the capabilities it needs to mount its /proc (the mapped uid is not 0), so init stays a
+    fork."""
+    _native_init[:] = [path] if path and _has_init_mode(path) else []
+
+
+def _has_init_mode(path: str) -> bool:
+    try:
+        pid = os.posix_spawn(path, [path, INIT_WIRE], {})
+    except OSError:
+        return False
+    status = _wait_for(pid)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def open_native_init() -> int | None:
+    """A descriptor on the native init, opened before the view covers the service's code tree (None: none)."""
+    if not _native_init:
+        return None
+    try:
+        return os.open(_native_init[0], os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def split_beside(lib, init_fd: int, done_fd: int | None, report_fd: int | None = None) -> None:
+    """keeper (this process, outside) -> init (the native program on `init_fd`, pid 1 of the new PID namespace)
+    and, beside it, keeper -> hook (pid 2). Returns in the hook. `report_fd`: where init reports a hook that said it
+    is done (the zygote, a wake-up sooner than the keeper); the keeper reports every end on `done_fd` after init."""
+    status_r, status_w = os.pipe()
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the keeper is a fork of the zygote (see _split_keeper_init_hook)
+    try:
+        init_pid = _start_native_init(init_fd, status_r, status_w, report_fd)
+    finally:
+        os.close(init_fd)
+    hook_pid = fork_hook()
+    if hook_pid:
+        _keep_beside(init_pid, hook_pid, status_r, done_fd)
+    os.close(status_r)
+    if done_fd is not None and done_fd != report_fd:
+        os.close(done_fd)
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def _start_native_init(fd: int, status_r: int, status_w: int, report_fd: int | None) -> int:
+    """The native init, spawned without copying this process (posix_spawn: vfork and exec of `fd`, opened before
+    the covers); its pid once it has mounted its /proc. Raises SetupError."""
+    path = _native_init[0]
+    given = [status_w] + ([report_fd] if report_fd is not None else [])
+    for each in given:
+        os.set_inheritable(each, True)
+    try:
+        pid = os.posix_spawn(f"/proc/self/fd/{fd}", [path, INIT_WIRE, str(-1 if report_fd is None else report_fd),
+                                                     str(status_w)], {})
+    except OSError as exc:
+        raise SetupError(f"cannot start init: {exc}") from None
+    finally:
+        for each in given:
+            os.set_inheritable(each, False)
+        os.close(status_w)
+    if os.read(status_r, 1) != b"R":
+        _wait_for(pid)
+        raise SetupError("init could not mount its /proc")
+    return pid
+
+
+def _keep_beside(init_pid: int, hook_pid: int, status_r: int, done_fd: int | None) -> None:
+    """The keeper of a hook forked beside its init: waits for the hook, then ends the namespace (init killed: the
+    kernel kills every process left in it and returns init only once they are all gone), then exits the way the hook
+    did. A hook that said it is done: init said "D" before killing it, and the keeper lets init empty the namespace
+    and say exit 0. Never returns."""
+    _close_all_but(status_r, done_fd)
+    os.set_blocking(status_r, False)
+    status = _wait_for(hook_pid)
+    said = _read_all(status_r)
+    if not said.startswith(b"D"):
+        try:
+            os.kill(init_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_for(init_pid)
+    said = (said + _read_all(status_r))[1:]
+    if len(said) >= 4:
+        status = int.from_bytes(said[:4], "little", signed=True)  # init's word: the hook said it was done
+    if done_fd is not None:
+        try:
+            os.write(done_fd, status.to_bytes(4, "little", signed=True))
+        except OSError:
+            pass
+    _exit_like(status)
+
+
+def _read_all(fd: int) -> bytes:
+    """What a non-blocking pipe holds now."""
+    try:
+        return os.read(fd, 16)
+    except OSError:
+        return b""
+
+
+def _split_keeper_init_hook(lib, done_fd: int | None, init_fd: int | None = None) -> None:
     """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook.
-    Init drops to the hook's identity `ids` once the hook is forked."""
+    With `init_fd` (a warm zygote's native init, `open_native_init`): `split_beside`."""
+    if init_fd is not None:
+        split_beside(lib, init_fd, done_fd)
+        return
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
     # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.
@@ -274,7 +325,6 @@ def _split_keeper_init_hook(lib, done_fd: int | None, ids: tuple = (-1, -1)) -> 
     _become_init(lib, status_w)
     hook_pid = fork_hook()
     if hook_pid:
-        _drop_to(ids, status_w)
         _init(hook_pid, status_w)
     os.close(status_w)
     if done_fd is not None:

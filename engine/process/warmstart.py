@@ -117,9 +117,10 @@ _failed_until: dict[tuple, float] = {}
 
 def _get(launcher: str, env: Mapping[str, str], script: Path = ZYGOTE_SCRIPT) -> Zygote | None:
     spawner = script == SPAWNER_SCRIPT
-    # The spawner starts with an empty environment but whether it may use the native spare (a test turns it off).
-    boot = ({k: os.environ[k] for k in (native_spare.SWITCH,) if k in os.environ} if spawner
-            else {**startup_env(env), "HOME": ZYGOTE_HOME})
+    # The spawner starts with an empty environment but whether it may use the native spare (a test turns it off), a
+    # zygote with its interpreter's start-up variables and that switch (its hooks' init is the same program).
+    native = {k: os.environ[k] for k in (native_spare.SWITCH,) if k in os.environ}
+    boot = native if spawner else {**startup_env(env), "HOME": ZYGOTE_HOME, **native}
     registry: dict = _spawners if spawner else _zygotes
     key = (str(script), launcher, tuple(sorted(boot.items())))
     with _lock:

@@ -146,9 +146,10 @@ def _rehearse(sandbox):
             "script": script, "launcher": sys.executable, "netns": 3, "kept": [[_HERE, _HERE, True]]}
     call = json.loads(json.dumps(call))
     sandbox.SandboxSpec.from_dict(call["sandbox"])
-    # The sandbox's last steps, to no effect: the ctypes, os and io paths of binding the kept directories back and
-    # of capset (engine/process/sandbox_spare.py, sandbox_enter.py; the capability check and the bounding set ran
-    # for real before this, in pre_enter).
+    # The sandbox's last steps, to no effect: binding the kept directories back, the identity calls
+    # (engine/process/sandbox_spare.py `rehearse`), the ctypes paths of capset (sandbox_enter.py; the capability
+    # check and the bounding set ran for real before this, in pre_enter).
+    sandbox.rehearse()
     lib = sandbox.libc()
     if lib is not None:
         lib.mount(None, os.fsencode("/nonexistent/librefang-rehearsal"), None, 0, None)  # ENOENT
@@ -319,9 +320,9 @@ def _finalize(status, main, forked_modules, interrupted):
         import signal
         signal.signal(_SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), _SIGINT)
-    if status == 0 and _DONE_SIGNAL and os.getpid() == 2 and os.getppid() == 1:
-        # Our own init (engine/process/sandbox_tree.py `_init`): done, exit 0. Its report goes out while the kernel
-        # frees this process's memory; the worker sees our stdio closed now rather than after that.
+    if status == 0 and _DONE_SIGNAL and os.getpid() == 2:
+        # Our namespace's init (native/spare.c init_main, or sandbox_tree.py `_init`): done, exit 0. Its report goes
+        # out while the kernel frees this process's memory; the worker sees our stdio closed now rather than after.
         os.closerange(0, 3)
         try:
             os.kill(1, _DONE_SIGNAL[0])
@@ -352,12 +353,16 @@ def _main(exec_mode=False):
     zygote_pid = os.getpid()
     sandbox.cgroups.available()  # found (and stale leftovers removed) once, before the first child
     sandbox.seccomp_filter()  # compiled once, before the first child (every hook loads it)
+    if sandbox.libc() is not None:
+        sandbox.has_mount_setattr(sandbox.libc())  # asked once, before the first child (every view needs it)
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()  # keep the collector from touching (and un-sharing) the zygote's pages in every child
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid}).encode())
     spare_program = _loop.native_spare.program() if exec_mode else None  # engine/process/native_spare.py
-    spec, fds = _loop._serve(ctl, sandbox, spare_program)
+    if not exec_mode:  # hooks' init: the same program's init mode, beside the hook (sandbox_tree.py)
+        sandbox.use_native_init(_loop.native_spare.program())
+    spec, fds = _loop._serve(ctl, sandbox, spare_program, exec_mode)
     exec_error = None
     try:
         if spec is not None:  # forked on demand for a call
@@ -367,7 +372,8 @@ def _main(exec_mode=False):
             exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
         else:  # a spare that entered its namespaces ahead of its call
             spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
-                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox))
+                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox),
+                                                      fds[3])
         if "argv" not in spec:
             if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
                 _DONE_SIGNAL.append(sandbox.HOOK_DONE)

@@ -70,14 +70,14 @@ def _take_stdio(stdio, extra):
         os.set_inheritable(fd, False)
 
 
-def _prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None):
+def _prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None, plan=None):
     """A spare child entering its namespaces before its call (sandbox.pre_enter): it becomes the call's keeper, and
     this returns (spec, exec error fd or None) in the hook's own process once the call arrived, its stdio taken and
     its sandbox complete. A spare that cannot prepare exits: the call is then forked on demand."""
     os.setsid()
     try:
         spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call if rehearse is None else
-                                      lambda s: _rehearse_then_await(rehearse, s))
+                                      lambda s: _rehearse_then_await(rehearse, s), plan)
     except BaseException:  # noqa: BLE001
         os._exit(0)
     exec_error = fds[3] if "argv" in spec else None

@@ -29,11 +29,11 @@ _SPARE_DELAY_SECS = 0.0015
 _MAX_NETNS = 64  # plugins whose network namespace a zygote keeps
 
 
-def _serve(ctl, sandbox, spare_program=None):
+def _serve(ctl, sandbox, spare_program=None, exec_mode=False):
     """Fork children on request. Returns only inside a forked child: (spec, fds) for a child forked for a call,
-    or (None, (socket, shape, rehearse)) for the spare child, which then waits on that socket for its call (having
-    entered namespaces of `shape` ahead when it is not None, and rehearsed the hook's start when `rehearse`; see
-    warmstart_zygote.py). `fds` are the call's stdin, stdout, stderr, then the keeper's done pipe, then (exec mode)
+    or (None, (socket, shape, rehearse, plan)) for the spare child, which then waits on that socket for its call
+    (having entered namespaces of `shape` ahead when it is not None, as `plan` says, and rehearsed the hook's start
+    when `rehearse`; see warmstart_zygote.py). `fds` are the call's stdin, stdout, stderr, then the keeper's done pipe, then (exec mode)
     the exec error pipe.
 
     One spare child is forked ahead of time, so a call does not wait for fork(): it is handed the call's fds and
@@ -47,6 +47,10 @@ def _serve(ctl, sandbox, spare_program=None):
 
     `spare_program` (exec mode, engine/process/native_spare.py): a spare for a known sandbox shape is that program,
     started with posix_spawn, instead of a fork of this process.
+
+    A zygote (not `exec_mode`) runs every hook with its own interpreter: its spares bind the interpreter's
+    installation back ahead (sandbox.shape_of `launcher`); the spawner's hooks come with a launcher each, bound back
+    on the call's path.
     """
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
@@ -164,6 +168,7 @@ def _serve(ctl, sandbox, spare_program=None):
             # Likely the next call's limits too (same plugin): checked, and rewritten if not, when the call arrives.
             paths, written = spare_cgroup(last_limits)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            plan = sandbox.plan_view(shape) if shape is not None else None  # looked up here, not in the fresh fork
             try:
                 pid = os.fork()
             except OSError:
@@ -177,7 +182,7 @@ def _serve(ctl, sandbox, spare_program=None):
                             fh.write("0")
                     except OSError:
                         os._exit(0)  # seen as a dead spare: the call is forked on demand
-                return None, (theirs, shape, not hurry)
+                return None, (theirs, shape, not hurry, plan)
             theirs.close()
             if pid is None:
                 ours.close()
@@ -226,7 +231,7 @@ def _serve(ctl, sandbox, spare_program=None):
                     box = spec["sandbox"]
                     limits = tuple(box.get("cgroup_limits") or ())
                     box_spec = sandbox.SandboxSpec.from_dict(box)
-                    call_shape = sandbox.shape_of(box_spec)
+                    call_shape = sandbox.shape_of(box_spec, launcher=not exec_mode)
                     if spare is None and spare_program is not None and call_shape is not None and not draining:
                         # Calls overlap (the spare went to the one before): the native program costs far less
                         # than the python fork below, made for this call now.
@@ -252,9 +257,9 @@ def _serve(ctl, sandbox, spare_program=None):
                                 raise OSError("cannot write the cgroup limits")
                             to_send = passed
                             if spare_shape is not None:
-                                spec["kept"] = sandbox.kept_dirs(box_spec)  # seen here
+                                spec["kept"] = sandbox.kept_dirs(box_spec, launcher=not spare_shape.launcher)  # seen here
                                 to_send = [*fds[1:4], *fds[4:]]
-                                if box.get("new_net") and (not spare_shape[0] or spare_shape[7]):  # no user
+                                if box.get("new_net") and (not spare_shape.user_ns or spare_shape.mapped):  # no user
                                     plugin = box["cwd"]  # namespace of its own (sandbox.make_netns)
                                     if plugin in netns:
                                         netns[plugin] = netns.pop(plugin)

@@ -21,6 +21,23 @@ pytestmark = [pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses
 
 # pid 1 of the hook's namespace is its init: the native program, or a fork of the python spawner.
 INIT_PROBE = "import sys\nsys.stdin.read()\nprint(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+VIEW_PROBE = """
+import json, os, sys
+sys.stdin.read()
+out = {"init": open("/proc/1/cmdline", "rb").read().split(b"\\0")[0].decode()}
+writable = {}  # mount point -> the mount seen there (the last one mounted on it)
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    writable[fields[4].replace(os.environ["LIBREFANG_PLUGIN_DATA_DIR"], "<data>")] = "ro" not in fields[5].split(",")
+out["writable"] = sorted(point for point, rw in writable.items() if rw)
+for path in ("/etc/shadow", "/etc/passwd"):
+    try:
+        out[path] = len(open(path).read())
+    except OSError as exc:
+        out[path] = exc.strerror
+out["home"] = sorted(os.listdir(os.path.dirname(os.path.dirname(os.environ["LIBREFANG_PLUGIN_DIR"]))))
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture
@@ -69,6 +86,54 @@ def test_cold_hooks_run_below_the_native_program_once_the_shape_is_known(tmp_pat
         assert r.stdout.strip() != program
 
 
+WARM_TREE_PROBE = """
+import json, os, sys
+sys.stdin.read()
+init = open("/proc/1/cmdline", "rb").read().split(b"\\0")
+print(json.dumps({"init": init[1].decode() if len(init) > 1 else "", "me": os.getpid(), "parent": os.getppid(),
+                  "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}))
+"""
+
+
+def test_a_warm_hooks_init_is_the_programs_init_mode_beside_it(tmp_path, monkeypatch, program):
+    """A warm hook (a fork of its zygote) runs beside init, not below it: init is the program's init mode (no fork
+    of the zygote), the hook's parent its keeper outside the namespace (getppid() says 0). Without the program,
+    init is a fork of the zygote and the hook's parent (pid 1)."""
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, WARM_TREE_PROBE)
+    seen = {}
+    for native in (True, False):
+        monkeypatch.setenv("LIBREFANG_WARM_START", "1")
+        monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
+        warmstart.shutdown()
+        for _ in range(3):  # the first on demand, the next ones from prepared spares
+            r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+                                  request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
+            assert r.ok, (r.failure, r.stderr)
+            assert r.reply["me"] == 2 and r.reply["pids"] == [1, 2], r.reply
+            seen.setdefault(native, []).append((r.reply["init"], r.reply["parent"]))
+    assert seen[True] == [("lfinit/1", 0)] * 3, seen
+    assert all(parent == 1 and init != "lfinit/1" for init, parent in seen[False]), seen
+
+
+def test_a_build_without_an_init_mode_leaves_warm_hooks_a_forked_init(tmp_path, monkeypatch, program):
+    """A build from before the init mode (it answers 2 to "lfinit/1", as to any wire it does not know): the zygote
+    asks once and its hooks' init stays a fork of it."""
+    older = tmp_path / "librefang-spare-older"
+    older.write_text("#!/bin/sh\nexit 2\n")
+    older.chmod(0o755)
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, WARM_TREE_PROBE)
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1")
+    monkeypatch.setenv(native_spare.SWITCH, str(older))
+    warmstart.shutdown()
+    for _ in range(3):
+        r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+                              timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
+        assert r.ok, (r.failure, r.stderr)
+        assert r.reply["parent"] == 1 and r.reply["init"] != "lfinit/1" and r.reply["pids"] == [1, 2], r.reply
+
+
 @pytest.mark.parametrize("call_kw", [{}, {"max_memory_mb": 512, "max_cpu_secs": 7, "allow_network": False},
                                      {"allow_network": True, "plugin_env": {"LANG": "C.UTF-8", "X": "a b=c"}}],
                          ids=["defaults", "limits-no-network", "network-env"])
@@ -88,6 +153,28 @@ def test_a_hook_gets_the_same_process_from_the_native_and_the_python_spare(tmp_p
         assert (netns == os.readlink("/proc/self/ns/net")) is (call_kw.get("allow_network") is not False)
         states[native] = state
     assert states[True] == states[False]
+
+
+def test_a_build_without_mount_setattr_gives_hooks_the_same_view(tmp_path, monkeypatch, program):
+    """Below Linux 5.12 (no mount_setattr) the program remounts each mount read-only and seals each cover itself;
+    built that way, it gives a hook the same view as the usual build and the python spare."""
+    remounts = tmp_path / "librefang-spare-remounts"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-DLIBREFANG_NO_MOUNT_SETATTR", "-o", str(remounts),
+                    native_spare.SOURCE], check=True)
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, VIEW_PROBE)
+    (home / "api_token").write_text("secret")
+    views = {}
+    for native in (str(remounts), True, False):
+        warmstart.shutdown()
+        for _ in range(3):  # the last calls run in prepared spares
+            r = _cold(monkeypatch, native, pdir, home)
+            assert r.ok, (r.failure, r.stderr)
+        views[native] = view = r.reply
+        assert view.pop("init") == (native if native is not True else program) or native is False
+    assert views[str(remounts)] == views[True] == views[False]
+    assert sorted(views[True]["writable"]) == ["/dev/shm", "/proc", "/tmp", "<data>"]
+    assert views[True]["home"] == ["plugin_data", "plugins"] and views[True]["/etc/shadow"] == "Permission denied"
 
 
 def test_an_exec_failure_is_reported_as_from_the_python_spare(tmp_path, monkeypatch, program):

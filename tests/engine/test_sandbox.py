@@ -21,7 +21,7 @@ from engine.home import Home
 from engine.invoke import invoke
 from engine.plugins.catalog import Catalog
 from engine.plugins.lint import lint_plugin
-from engine.process import native_spare, runner, sandbox, warmstart
+from engine.process import native_spare, runner, sandbox, sandbox_libc, warmstart
 from engine.process.runner import HookCall, run_hook
 from engine.process.runtimes import resolve_tag
 
@@ -47,20 +47,22 @@ def home(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture(params=["warm", "cold", "cold-python-spare", "worker-spawned"])
+@pytest.fixture(params=["warm", "warm-python-init", "cold", "cold-python-spare", "worker-spawned"])
 def mode(request, monkeypatch, home):
-    """warm: forked from the zygote; cold: exec'd by the spawner, below its native spare (engine/process/native_spare.py)
-    once primed; cold-python-spare: the same without the native program (a machine without a C compiler);
-    worker-spawned: the fallback when the spawner is unavailable (Popen from the worker, `sandbox.enter` as its
-    preexec function).
+    """warm: forked from the zygote, beside the native program as its init (engine/process/sandbox_tree.py
+    `split_beside`); warm-python-init: below a fork of the zygote as init (a machine without a C compiler); cold:
+    exec'd by the spawner, below its native spare (engine/process/native_spare.py) once primed; cold-python-spare: the
+    same without the native program; worker-spawned: the fallback when the spawner is unavailable (Popen from the
+    worker, `sandbox.enter` as its preexec function).
 
     A first call primes the helper: its next spare child enters this home's namespaces ahead of its call
     (engine/process/sandbox.py `pre_enter`), so every test's own calls run in a pre-entered sandbox, as a busy worker's do
     (the first call of a helper takes the plain path, `enter`, which test_a_helpers_first_call_is_contained_too
     covers)."""
-    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param == "warm" else "0")
+    monkeypatch.setenv("LIBREFANG_WARM_START", "1" if request.param.startswith("warm") else "0")
     monkeypatch.setenv("LIBREFANG_SPAWNER", "0" if request.param == "worker-spawned" else "1")
-    monkeypatch.setenv(native_spare.SWITCH, "0" if request.param == "cold-python-spare" else "1")
+    monkeypatch.setenv(native_spare.SWITCH, "0" if request.param.endswith("python-spare") or
+                       request.param.endswith("python-init") else "1")
     warmstart.shutdown()
     primer = home / "plugins" / "primer"
     (primer / "hooks").mkdir(parents=True, exist_ok=True)
@@ -199,6 +201,48 @@ def test_allow_filesystem_false_keeps_home_hidden_and_only_the_data_dir_writable
     home_refusal = r.reply.pop("home")  # (this test's home is below /tmp: its path there is the hook's private /tmp's)
     assert home_refusal in ("Read-only file system", "Permission denied")
     assert r.reply == {"plugin_dir": "Read-only file system", "data": "written", "secret": False}
+
+
+MOUNTS = """
+import json, os, sys
+sys.stdin.read()
+writable = {}
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    writable[fields[4]] = "ro" not in fields[5].split(",")
+try:
+    with open("/dev/null", "w") as fh:
+        fh.write("x")
+    devnull = "written"
+except OSError as exc:
+    devnull = exc.strerror
+print(json.dumps({"writable": sorted(p for p, w in writable.items() if w), "devnull": devnull,
+                  "data": os.environ["LIBREFANG_PLUGIN_DATA_DIR"]}))
+"""
+
+
+def _assert_only_its_own_places_writable(r) -> None:
+    assert r.ok, (r.failure, r.stderr)
+    writable = set(r.reply["writable"])
+    assert {r.reply["data"], "/tmp", "/dev/shm", "/proc"} == writable, writable
+    assert r.reply["devnull"] == "written"  # a device stays writable on a read-only mount
+
+
+def test_every_mount_a_hook_sees_is_read_only_but_its_own_places(home, mode):
+    _assert_only_its_own_places_writable(run_hook(call(home, MOUNTS)))
+
+
+def test_without_mount_setattr_every_mount_is_remounted_read_only(home, monkeypatch):
+    """A kernel older than 5.12 has no mount_setattr(2): each mount is remounted instead, to the same view. (The
+    worker's own spawn runs this process's sandbox modules, where the call can be taken away.)"""
+    monkeypatch.setenv("LIBREFANG_WARM_START", "0")
+    monkeypatch.setenv("LIBREFANG_SPAWNER", "0")
+    monkeypatch.setattr(sandbox_libc, "_SYS_MOUNT_SETATTR", None)
+    monkeypatch.setattr(sandbox_libc, "_setattr_works", [])
+    _assert_only_its_own_places_writable(run_hook(call(home, MOUNTS)))
+    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    assert r.ok and r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}, (r.failure, r.stderr)
+    assert r.reply["plugin_dir"] == "Read-only file system" and r.reply["state"] == '{"n": 1}'
 
 
 def test_a_linked_plugin_dir_is_bound_back_where_the_hook_expects_it(home, tmp_path, mode):

@@ -74,7 +74,7 @@ def _run(call: HookCall, warm: bool, monkeypatch, lines: list | None = None):
 # A hook runs below its PID namespace's init (engine/process/sandbox.py), a fork of whatever started it: the zygote's command
 # line there says the hook was forked warm. Which zygote served a call is counted on our side (`_served`).
 WARM_PROBE = ("import json, sys\nsys.stdin.read()\n"
-              "print(json.dumps({'warm': b'warmstart_zygote' in open('/proc/1/cmdline', 'rb').read()}))\n")
+              "print(json.dumps({'warm': b'warmstart_zygote' in open('/proc/self/cmdline', 'rb').read()}))\n")
 
 
 def _warm_probe(tmp_path):
@@ -307,7 +307,7 @@ def test_it_falls_back_to_a_spawn_when_pythonpath_shadows_a_preloaded_module(tmp
         import json, os, sys
         sys.stdin.read()
         print(json.dumps({}))
-        print("warm", b"warmstart_zygote" in open("/proc/1/cmdline", "rb").read(), file=sys.stderr)
+        print("warm", b"warmstart_zygote" in open("/proc/self/cmdline", "rb").read(), file=sys.stderr)
     """)
     shadow = pdir / "shadow"  # (the hook sees its own directories only)
     shadow.mkdir()
@@ -325,7 +325,7 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
         import json, os, sys, time
         req = json.loads(sys.stdin.read())
         time.sleep(req.get("sleep", 0))
-        print(json.dumps({"warm": b"warmstart_zygote" in open("/proc/1/cmdline", "rb").read()}))
+        print(json.dumps({"warm": b"warmstart_zygote" in open("/proc/self/cmdline", "rb").read()}))
     """)
     import threading
 
@@ -418,7 +418,7 @@ def test_a_hook_that_says_it_is_done_is_held_to_it(tmp_path, monkeypatch):
         sys.stdin.read()
         print(json.dumps({"said": "done"}), flush=True)
         if os.getpid() == 2:
-            os.kill(1, signal.SIGRTMIN)
+            os.kill(1, signal.SIGCONT)
         time.sleep(60)
         print(json.dumps({"said": "more"}), flush=True)
     """)
@@ -437,7 +437,7 @@ def test_only_the_hook_itself_can_say_it_is_done(tmp_path, monkeypatch):
         child = os.fork()
         if child == 0:
             try:
-                os.kill(1, signal.SIGRTMIN)  # not the hook: init ignores it
+                os.kill(1, signal.SIGCONT)  # not the hook: init ignores it
             finally:
                 os._exit(0)
         os.waitpid(child, 0)

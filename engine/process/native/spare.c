@@ -20,8 +20,13 @@
  * Before that, any failure makes the spare exit 0 (the spawner then forks on demand); after it, a failure is the
  * hook's: "sandbox setup failed in the child: ..." on its stderr and exit status 126, or for exec the errno on the
  * exec error pipe and 127.
+ *
+ * With argv[1] INIT_WIRE ("lfinit/1") it is only an init: a warm hook's (engine/process/sandbox_tree.py
+ * split_beside), started by the zygote's spare right after it unshared the PID namespace, beside the hook the spare
+ * forks from python (init_main below).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -42,9 +47,26 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <grp.h>
-#include <linux/capability.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
+
+/* The kernel's own definitions this program needs, here rather than from the linux/ headers: it builds with musl too
+ * (whose static start-up is ~50 µs where glibc's asks the CPU for its caches, ~600 µs in a VM, per spawn). */
+#define CAP_VERSION_3 0x20080522 /* linux/capability.h */
+struct cap_header { uint32_t version; int pid; };
+struct cap_data { uint32_t effective, permitted, inheritable; };
+struct bpf_insn8 { uint16_t code; uint8_t jt, jf; uint32_t k; }; /* linux/filter.h sock_filter, sock_fprog */
+struct bpf_prog { unsigned short len; struct bpf_insn8 *filter; };
+#ifndef SECCOMP_MODE_FILTER
+#define SECCOMP_MODE_FILTER 2
+#endif
+#ifndef PR_SET_SECCOMP
+#define PR_SET_SECCOMP 22
+#endif
+#if !defined(SYS_mount_setattr) && (defined(__x86_64__) || defined(__aarch64__))
+#define SYS_mount_setattr 442 /* (a libc older than the call) */
+#endif
+#if !defined(SYS_close_range) && (defined(__x86_64__) || defined(__aarch64__))
+#define SYS_close_range 436
+#endif
 
 #define WIRE "lfspare/3"
 #define READY "R" /* never the first byte of a wait status (low byte: 0, or a signal below 65) */
@@ -133,7 +155,28 @@ static void check(int rc, const char *what) {
     if (rc != 0) fail("%s: %s", what, strerror(errno));
 }
 
-/* ---- the view: /sys (and with read_only every other mount) read-only -------------------------------------- */
+/* ---- the view: every mount read-only ---------------------------------------------------------------------- */
+
+/* mount_setattr(2) (Linux >= 5.12; linux/mount.h is not included: it clashes with sys/mount.h on older libcs).
+ * Only the attributes named change, so no flag a user namespace locks needs restating. */
+#define ATTR_RDONLY 0x1
+#define ATTR_NOSUID 0x2
+#define ATTR_NODEV 0x4
+#define RECURSIVE 0x8000 /* AT_RECURSIVE */
+struct attrs { uint64_t set, clr, propagation, userns_fd; };
+
+static int set_attrs(const char *path, uint64_t set, uint64_t clr, int recursive) {
+#if defined(SYS_mount_setattr) && !defined(LIBREFANG_NO_MOUNT_SETATTR) /* (tests build it without) */
+    struct attrs a = {set, clr, 0, 0};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? RECURSIVE : 0, &a, sizeof a);
+#else
+    (void)path; (void)set; (void)clr; (void)recursive;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static int fast_view; /* mount_setattr works here: the view made read-only in one call, binds' flags set by it */
 
 static void unescape(char *s) { /* mountinfo's octal escapes (\040 for a space), in place */
     char *out = s;
@@ -197,8 +240,9 @@ static unsigned long locked_at(const char *path) {
     return flags;
 }
 
-/* Every mount but /proc's and /dev's made read-only, its locked flags kept and recorded. Returns 0, or -1 with
- * errno and *what set when "/" or /sys could not be made read-only (others: best effort). */
+/* Every mount made read-only, one remount each (where mount_setattr is missing), its locked flags kept and
+ * recorded. Returns 0, or -1 with errno and *what set when "/" or /sys could not be made read-only (others: best
+ * effort). */
 static int read_only_mounts(const char **what) {
     char *info = read_all("/proc/self/mountinfo");
     if (!info) { *what = "/proc/self/mountinfo"; return -1; }
@@ -224,7 +268,7 @@ static int read_only_mounts(const char **what) {
             mounts[n_mounts].point = strdup(point);
             mounts[n_mounts++].locked = flags;
         }
-        if (under(point, "/proc") || under(point, "/dev") || has_option(options, "ro")) continue;
+        if (has_option(options, "ro")) continue;
         if (mount(NULL, point, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | flags, NULL) != 0 &&
             (strcmp(point, "/") == 0 || strcmp(point, "/sys") == 0)) {
             *what = strcmp(point, "/") == 0 ? "read-only /" : "read-only /sys";
@@ -239,7 +283,7 @@ static int read_only_mounts(const char **what) {
 /* ---- the view, ahead of the call: private /tmp and /dev/shm, covers, read-only everything ------------------- */
 
 #define COVER_FLAGS (MS_NOSUID | MS_NODEV | MS_NOEXEC)
-#define MASK "/tmp/.librefang-mask"
+#define MASK ".librefang-mask"
 static const char *private_dirs[] = {"/tmp", "/dev/shm"};
 
 static struct { const char *path; int fd; int sealed; } covers[MAX_COVERS + 2]; /* fd: as it is under its cover */
@@ -263,6 +307,29 @@ static int seal(const char *path, int read_only) {
 static int below_any(const char *path, const char **tops, int n) {
     for (int i = 0; i < n; i++)
         if (strcmp(path, tops[i]) != 0 && under(path, tops[i])) return 1;
+    return 0;
+}
+
+/* An unreadable empty file (mode 0, made in `dir`, unlinked once bound) bound over each concealed file not below an
+ * outer cover, with that tmpfs's nosuid, nodev and noexec; sealed by the caller. */
+static int mask_files(const char *dir, const char **files, int n_files, const char **outer, int n_outer) {
+    char mask[4096];
+    if (snprintf(mask, sizeof mask, "%s/%s", strcmp(dir, "/") ? dir : "", MASK) >= (int)sizeof mask) return -1;
+    int made = 0;
+    for (int i = 0; i < n_files; i++) {
+        if (below_any(files[i], outer, n_outer)) continue;
+        if (!made) {
+            int fd = open(mask, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+            if (fd < 0) return -1;
+            close(fd);
+            made = 1;
+        }
+        if (mount(mask, files[i], NULL, MS_BIND, NULL) != 0) {
+            unlink(mask);
+            return -1;
+        }
+    }
+    if (made) unlink(mask);
     return 0;
 }
 
@@ -293,32 +360,31 @@ static int prepare_view(const char *home, char **conceal, int n_conceal, long tm
         covers[n_covers].sealed = 1;
         if ((covers[n_covers++].fd = open(dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
     }
+    /* With mount_setattr: the covers and masks first, then one call makes everything read-only, them included;
+     * without: each mount remounted read-only first (their flags noted, for the binds), then each cover sealed. */
+    fast_view = set_attrs("/", 0, 0, 0) == 0;
     const char *what = NULL;
-    if (read_only_mounts(&what) != 0) return -1;
+    if (!fast_view && read_only_mounts(&what) != 0) return -1;
+    for (int i = first_dir; i < n_covers; i++)
+        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0) return -1;
+    if (first_dir < n_covers && mask_files(covers[first_dir].path, files, n_files, outer, n_outer) != 0) return -1;
+    if (fast_view) {
+        if (set_attrs("/", ATTR_RDONLY, 0, 1) != 0) return -1;
+    } else {
+        for (int i = first_dir; i < n_covers; i++)
+            if (seal(covers[i].path, 1) != 0) return -1;
+        for (int i = 0; first_dir < n_covers && i < n_files; i++)
+            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
+    }
     char data[64];
     snprintf(data, sizeof data, "mode=1777,size=%ldm", tmp_mb);
-    for (int i = 0; i < first_dir; i++)
+    for (int i = 0; i < first_dir; i++) /* after: the hook's to write */
         if (mount("tmpfs", covers[i].path, "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return -1;
-    for (int i = first_dir; i < n_covers; i++)
-        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0 ||
-            seal(covers[i].path, 1) != 0)
-            return -1;
-    int masked = 0;
-    for (int i = 0; i < n_files; i++) {
-        if (below_any(files[i], outer, n_outer)) continue;
-        if (!masked) { /* an unreadable empty file on the private /tmp, bound over each, unlinked once bound */
-            int fd = open(MASK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
-            if (fd < 0) return -1;
-            close(fd);
-            masked = 1;
-        }
-        if (mount(MASK, files[i], NULL, MS_BIND, NULL) != 0 ||
-            mount(NULL, files[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | COVER_FLAGS, NULL) != 0) {
-            unlink(MASK);
-            return -1;
-        }
+    if (first_dir == n_covers && n_files) { /* no cover to make the mask in: on the private /tmp, sealed each */
+        if (mask_files("/tmp", files, n_files, outer, n_outer) != 0) return -1;
+        for (int i = 0; i < n_files; i++)
+            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
     }
-    if (masked) unlink(MASK);
     return 0;
 }
 
@@ -386,6 +452,60 @@ static void become_init(int status_w) {
     } else {
         if (mount("/proc/sys", "/proc/sys", NULL, MS_BIND | MS_REC, NULL) != 0) _exit(SETUP_FAILED);
         mount(NULL, "/proc/sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+}
+
+/* ---- init alone, for a warm hook forked beside it (engine/process/sandbox_tree.py split_beside) --------------- */
+
+#define INIT_WIRE "lfinit/1"
+
+/* Whether this namespace's /proc lists no process but init and the hook (pid 2). */
+static int only_init_and_hook(void) {
+    DIR *dir = opendir("/proc");
+    if (!dir) return 0;
+    int only = 1, init_seen = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        if (!strcmp(e->d_name, "1")) init_seen = 1;
+        else if (strcmp(e->d_name, "2")) only = 0;
+    }
+    closedir(dir);
+    return only && init_seen;
+}
+
+/* argv: INIT_WIRE report_fd status_fd. pid 1 of a PID namespace its keeper (a warm zygote's spare)
+ * has just unshared; the keeper forks the python hook (pid 2) beside it once init says "R" on status_fd (its /proc
+ * mounted). init reaps what is left to it, and takes the hook's word that it is done (SIGCONT from pid 2,
+ * warmstart_zygote.py `_finalize`): "D" to the keeper (which then waits for init rather than killing it), every
+ * process of the namespace killed, exit 0 reported to the zygote (report_fd) and to the keeper (status_fd). Any
+ * other end of the hook the keeper sees itself, and kills init. */
+static int init_main(int argc, char **argv) {
+    if (argc == 2) return 0; /* "do you have an init mode?" (sandbox_tree.py use_native_init); older builds say 2 */
+    if (argc != 4) return 2;
+    int report_fd = atoi(argv[2]), status_fd = atoi(argv[3]);
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIGCONT);
+    sigprocmask(SIG_SETMASK, &waited, NULL); /* queued for sigwaitinfo, never lost */
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
+    close_all_but(0, report_fd, status_fd);
+    become_init(status_fd); /* tied to the keeper (outside the namespace: getppid() says 0), a fresh /proc */
+    if (write(status_fd, READY, 1) != 1) _exit(137);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) { /* orphans */ }
+        siginfo_t info;
+        if (sigwaitinfo(&waited, &info) < 0) continue;
+        if (info.si_signo != SIGCONT || info.si_pid != 2) continue;
+        if (write(status_fd, "D", 1) < 0) { /* the keeper is gone */ } /* first: the keeper lets init finish */
+        kill(-1, SIGKILL); /* the hook too: it was about to _exit, now it cannot do anything else */
+        if (!only_init_and_hook()) empty_namespace(); /* someone else was left: killed and reaped first */
+        int32_t done = 0;
+        if (write(report_fd, &done, 4) < 0) { /* the zygote gave up on the call */ }
+        if (write(status_fd, &done, 4) < 0) { /* the keeper is gone */ }
+        _exit(0);
     }
 }
 
@@ -545,9 +665,15 @@ static void bind_kept(struct call *c) {
         snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
         if (mount(source, path, NULL, MS_BIND | MS_REC, NULL) != 0) fail("mount %s: %s", path, strerror(errno));
         close(fd);
-        unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked_at(real);
-        if (mount(NULL, path, NULL, c->kept_writable[i] ? flags : flags | MS_RDONLY, NULL) != 0)
-            fail("mount %s: %s", path, strerror(errno));
+        if (fast_view) { /* nosuid, nodev, read-only unless writable; its other flags as its source's */
+            uint64_t ro = c->kept_writable[i] ? 0 : ATTR_RDONLY;
+            if (set_attrs(path, ATTR_NOSUID | ATTR_NODEV | ro, ATTR_RDONLY & ~ro, 0) != 0)
+                fail("mount %s: %s", path, strerror(errno));
+        } else {
+            unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked_at(real);
+            if (mount(NULL, path, NULL, c->kept_writable[i] ? flags : flags | MS_RDONLY, NULL) != 0)
+                fail("mount %s: %s", path, strerror(errno));
+        }
     }
     for (int i = 0; i < n_covers; i++) {
         if (opened[i] && seal(covers[i].path, 1) != 0) fail("mount %s: %s", covers[i].path, strerror(errno));
@@ -585,7 +711,7 @@ static int parse_filter(const char *hex) {
 
 static void load_filter(void) {
     if (!filter_len) fail("no seccomp filter: the spawner passed none");
-    struct sock_fprog prog = {(unsigned short)(filter_len / sizeof(struct sock_filter)), (struct sock_filter *)filter};
+    struct bpf_prog prog = {(unsigned short)(filter_len / sizeof(struct bpf_insn8)), (struct bpf_insn8 *)filter};
     check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0), "seccomp");
 }
 
@@ -640,8 +766,8 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
     if (c->hook_uid >= 0) become(c->hook_uid, c->hook_gid);
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     if (capable) { /* (the bounding set was emptied before the call: empty_bounding_set) */
-        struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-        struct __user_cap_data_struct data[2];
+        struct cap_header header = {CAP_VERSION_3, 0};
+        struct cap_data data[2];
         memset(data, 0, sizeof data);
         check((int)syscall(SYS_capset, &header, data), "capset");
     }
@@ -659,6 +785,7 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
 /* ---- ahead of the call: the spare ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], INIT_WIRE)) return init_main(argc, argv);
     if (argc < 12 || strcmp(argv[1], WIRE) != 0) return 2;
     pid_t parent = (pid_t)atoi(argv[2]);
     int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
