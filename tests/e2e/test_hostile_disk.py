@@ -190,7 +190,8 @@ def test_where_the_images_cannot_be_made_hooks_run_and_the_service_says_so(tmp_p
 def test_librefang_start_releases_its_data_disks_when_it_stops(tmp_path):
     """`make run` as root: hooks get their disks; SIGTERM stops everything and leaves no mount behind (the images
     keep what the plugins kept, for the next start)."""
-    from tests.e2e.test_supervisor import Supervised, wait_for
+    from tests.e2e.test_supervisor import Supervised
+    from tests.waiting import wait_until
 
     service = Supervised(tmp_path)
     try:
@@ -208,7 +209,7 @@ def test_librefang_start_releases_its_data_disks_when_it_stops(tmp_path):
         assert mounts_at(data) == 1 and 36 << 20 < seen["size"] <= CAP_MB << 20
         service.proc.send_signal(signal.SIGTERM)
         assert service.proc.wait(timeout=60) == 0
-        wait_for(lambda: not service.leftovers(), 10, "no process left behind")
+        wait_until(lambda: not service.leftovers(), 10, "no process left behind")
         assert mounts_at(data) == 0 and (service.home / "plugin_data" / ".disks" / "started.img").exists()
     finally:
         service.kill_everything()
