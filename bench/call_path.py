@@ -11,7 +11,8 @@ each process the modules that ran between the request's first byte and the answe
 ran in every measured call: what a heartbeat, a reclaim pass or the alert evaluator ran in one window is not the
 call's. The zygote's children (spare and keeper, the hook's process) are counted together, per call.
 
-Prints one line per process and window, then the JSON of it all (modules by name).
+Prints one line per process and window, then the JSON of it all (modules by name; with `--functions`, each
+module's functions that ran).
 """
 
 from __future__ import annotations
@@ -43,14 +44,14 @@ WARM_UP = 30
 SETTLE_MS = 400
 
 
-def probe_dir(root: Path, child_out: Path) -> Path:
+def probe_dir(root: Path, child_out: Path, functions: bool = False) -> Path:
     """A directory holding the probe as sitecustomize.py and what it records where."""
     where = root / "probe"
     where.mkdir()
     shutil.copy(REPO / "bench" / "call_path_probe.py", where / "sitecustomize.py")
     roots = sorted({str(base / p) + os.sep for base in (REPO, REPO.resolve()) for p in PACKAGES})
     (where / "call_path.json").write_text(json.dumps({"roots": roots, "out": str(root / "records"),
-                                                      "child_out": str(child_out)}))
+                                                      "child_out": str(child_out), "functions": functions}))
     return where
 
 
@@ -111,12 +112,22 @@ def modules_in(processes: list[dict], start: int, end: int) -> tuple[dict[str, s
     return out, count
 
 
+def _by_module(names: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        module, _, function = name.rpartition(":")
+        out[module].append(function)
+    return dict(out)
+
+
 def main() -> int:
-    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    functions = "--functions" in sys.argv
+    calls = int(args[0]) if args else 5
     root = Path(tempfile.mkdtemp(prefix="lf-callpath-"))
     service = LiveService(root)
     child_out = service.home / "plugin_data" / "cp" / ".call_path"
-    probe = probe_dir(root, child_out)
+    probe = probe_dir(root, child_out, functions)
     service.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(probe), service.env.get("PYTHONPATH", "")]))
     make_plugin(service.home / "plugins", "cp", {"ingest": HOOK})
     write_config(service.home, plugin="cp")
@@ -144,6 +155,8 @@ def main() -> int:
         kinds = sorted({k for found, _ in per_call for k in found})
         report[window] = {kind: sorted(set.intersection(*(found.get(kind, set()) for found, _ in per_call)))
                           for kind in kinds}
+        if functions:  # the modules of the functions that ran
+            report[window] = {kind: _by_module(names) for kind, names in report[window].items()}
         report[window]["zygote, all"] = sorted({*report[window].get("zygote", ()),
                                                *report[window].get("zygote's children", ())})
         processes_seen[window] = {kind: sorted({count.get(kind, 0) for _, count in per_call}) for kind in kinds}

@@ -24,6 +24,7 @@ def _install() -> None:
     except (OSError, ValueError):
         return
     roots = tuple(config["roots"])
+    functions = bool(config.get("functions"))  # record file and function (bench/call_path.py --functions)
     state = {"dir": config["out"], "name": f"{os.getpid()}-{os.urandom(4).hex()}", "path": "", "fd": -1,
              "ino": None, "last": {}, "parent": "", "kept": None}
 
@@ -65,6 +66,8 @@ def _install() -> None:
         if event == "call":
             path = frame.f_code.co_filename
             if path.startswith(roots):
+                if functions:
+                    path = f"{path}:{frame.f_code.co_name}"
                 ms = int(time.monotonic() * 1000)
                 if state["last"].get(path) != ms:
                     state["last"][path] = ms
