@@ -25,8 +25,8 @@ from engine.plugins.manifest import env_reference
 from engine.plugins.permissions import BASELINE_MEMORY_MB, BASELINE_PROCESSES, PermissionPolicy, service_own
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.process import hook_dirs, identity
-from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
-from engine.process.runner import process_runtime
+from engine.process.hook_call import HookCall, HookResult, Runtime
+from engine.process.runner import PROCESS
 from engine.protocol import Failure
 from engine.wasm.hooks import WASM
 
@@ -181,13 +181,8 @@ def venv_dir(home: Home, name: str):
 
 def runtime_for(call: HookCall) -> Runtime:
     """The runtime that runs `call`: wasm modules in the worker (engine/wasm/hooks.py); every other hook in its own
-    process (engine/process/runner.py), forked from a warm zygote when it is a python hook that can be."""
-    return WASM if call.runtime.runtime.is_wasm else process_runtime(call)
-
-
-def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
-    """Run one attempt of a hook call with its runtime."""
-    return runtime_for(call).run(call, on_stderr)
+    process (engine/process/runner.py: forked from a warm zygote when it is a python hook that can be)."""
+    return WASM if call.runtime.runtime.is_wasm else PROCESS
 
 
 def write_config_file(plugin: Any, home: Home):
@@ -265,6 +260,7 @@ def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocat
 def _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id, warnings,
               judge, sleep, trace_id, started_wall, result, attempt_warnings) -> Attempt:
     stderr_log = STDERR_LOGGERS[call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher]
+    runtime = runtime_for(call)
     hook_schema = settings.hook_schemas.get(hook) if isinstance(settings.hook_schemas, dict) else None
     hook_schema = hook_schema if isinstance(hook_schema, dict) else {}
     if hook_schema.get("input"):
@@ -280,7 +276,7 @@ def _attempts(entry, hook, request, call, settings, attempts, invocations, stder
             stderr_log.info("%s", line, extra={"plugin": entry.name, "hook": hook, "trace_id": tid})
             stderr.line(entry.name, hook, line, tid)
 
-        result = execute(call, on_stderr=on_line)
+        result = runtime.run(call, on_line)
         if result.stderr.strip():
             stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", entry.name, hook, len(result.stderr),
                              result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
