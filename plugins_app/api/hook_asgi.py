@@ -29,7 +29,6 @@ from django.utils.log import log_response
 from ninja.errors import AuthenticationError
 
 from engine import hook_requests
-from engine.errors import ServiceError
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.app import api
 from plugins_app.api.context_engine import HOOKS_ACTION, agent_call
@@ -111,7 +110,7 @@ class LeanHookRoutes:
             return await self.app(scope, _replaying(body, complete, receive), send)
         try:
             call = agent_call(hook, await _token(headers.get(b"authorization")), body)
-        except (AuthenticationError, ServiceError) as exc:
+        except Exception as exc:  # a refusal, or the token store failing: the route's answer either way
             return await self._send_response(_rendered(scope, exc), send)
         return await self._answer(scope, call, receive, send)
 

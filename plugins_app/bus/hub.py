@@ -130,7 +130,6 @@ class Hub:
         for another job is dropped (False), and the call waits on for the worker's reply or its deadline."""
         reply = genuine(job_id, sealed)
         if reply is None:
-            log.error("dropped a reply to job %s: its signature is missing or does not match", job_id[:64])
             return False
         fut = self.waiters.get(job_id)
         if fut is not None and not fut.done():
@@ -186,9 +185,16 @@ class Hub:
 
 
 def genuine(job_id: str, sealed: str) -> Reply | None:
-    """The Reply of a sealed reply to `job_id`; None when it is unsigned, tampered with or meant for another job."""
+    """The Reply of a sealed reply to `job_id`; None (logged) when it is unsigned, tampered with or meant for another
+    job, or not a Reply (a worker of another version)."""
     data = open_reply(job_id, sealed)
-    return Reply.from_wire(data) if data is not None else None
+    if data is None:
+        log.error("dropped a reply to job %s: its signature is missing or does not match", job_id[:64])
+        return None
+    reply = Reply.from_wire(data)
+    if reply is None:
+        log.error("dropped a reply to job %s: not a status and body (a worker of another version?)", job_id[:64])
+    return reply
 
 
 def first_genuine(job_id: str, pushed: list[str]) -> Reply | None:
