@@ -1,7 +1,8 @@
 """Our own CPU per engine call, warm and cold, and the call's p50: `bench/engine_cpu.py [calls] [--against TREE]
 [--rounds N]`.
 
-A call is `engine.process.runner.run_hook` of the bench's python hook (`tests/fixtures/wasm/reflect.py`'s shape, with
+A call is the process runtime's run (`engine.invoke.runtime_for(call).run(call)`, engine/process/runner.py) of the
+bench's python hook (`tests/fixtures/wasm/reflect.py`'s shape, with
 `allow_network = false`), as the worker makes it. "Our own CPU" is everything the call costs but the hook's own
 process: this process (the worker's side), the zygote or spawner (its own CPU and what it reaped: spare, keeper,
 init and the hook) minus the hook process's own CPU, which the hook reports itself (RUSAGE_SELF at its end: its
@@ -99,8 +100,9 @@ class CpuMeter:
 def one_round(calls: int, tree: Path = HERE) -> dict:
     """In `tree`: `calls` warm then `calls` cold calls; {mode: {"p50_ms", "own_cpu_ms", "total_cpu_ms"}}."""
     sys.path.insert(0, str(tree))
+    from engine.invoke import runtime_for  # (in every tree this bench compares)
     from engine.process import warmstart
-    from engine.process.runner import HookCall, run_hook
+    from engine.process.runner import HookCall
     from engine.process.runtimes import resolve_tag
 
     meter = CpuMeter()
@@ -116,14 +118,15 @@ def one_round(calls: int, tree: Path = HERE) -> dict:
             call = HookCall(plugin_dir=pdir, script="hooks/ingest.py", runtime=resolve_tag("python"),
                             request={"agent_id": "a", "message": "hello " * 20}, timeout_secs=20,
                             data_dir=home / "plugin_data" / "bench_py", home_dir=home, allow_network=False)
+            runtime = runtime_for(call)
             for _ in range(5):  # helpers started, spares prepared
-                assert run_hook(call).ok
+                assert runtime.run(call).ok
                 time.sleep(0.02)
             helpers = warmstart.helper_pids()
             before, walls, hook_cpu = meter.read(helpers), [], 0.0
             for _ in range(calls):
                 started = time.perf_counter()
-                result = run_hook(call)
+                result = runtime.run(call)
                 walls.append((time.perf_counter() - started) * 1000)
                 assert result.ok, (result.failure, result.stderr)
                 hook_cpu += result.reply["cpu_ms"]

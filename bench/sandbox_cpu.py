@@ -3,7 +3,7 @@
 For a static C hook (nothing but the process tree and the sandbox) and the bench's python hook, it runs `calls`
 sequential calls each way and prints per call: the CPU of the processes of the call (direct: this process's reaped
 children; sandboxed: what the spawner reaped: spare, keeper, init, hook), the spawner's own, this process's own
-(`engine.process.runner.run_hook` or `subprocess.run`), and wall time. The sandboxed calls run below the native spare
+(`engine.process.runner.PROCESS.run` or `subprocess.run`), and wall time. The sandboxed calls run below the native spare
 (engine/process/native_spare.py) and below the python spare (LIBREFANG_NATIVE_SPARE=0). Needs a C compiler.
 
 Wall time here is not the bench's figure: calls back to back leave the spawner no time to prepare the next spare
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.process import native_spare, warmstart  # noqa: E402
-from engine.process.runner import HookCall, run_hook  # noqa: E402
+from engine.process.runner import PROCESS, HookCall  # noqa: E402
 from engine.process.runtimes import find_launcher, resolve_tag  # noqa: E402
 
 STATIC_HOOK = 'int main(void){char b[4096];while(read(0,b,sizeof b)>0);write(1,"{}\\n",3);return 0;}\n'
@@ -55,11 +55,11 @@ def sandboxed(call: HookCall, calls: int, native: bool) -> str:
     os.environ[native_spare.SWITCH] = "1" if native else "0"
     warmstart.shutdown()
     for _ in range(3):  # the spawner's first spare is a plain fork; later ones are prepared
-        assert run_hook(call).ok
+        assert PROCESS.run(call).ok
     spawner = next(iter(warmstart._spawners.values())).pid
     before, own, started = _proc_cpu(spawner), _ms(resource.getrusage(resource.RUSAGE_SELF)), time.perf_counter()
     for _ in range(calls):
-        result = run_hook(call)
+        result = PROCESS.run(call)
         assert result.ok, result.failure
     after = _proc_cpu(spawner)
     return (f"call {(after[1] - before[1]) / calls:6.2f}  spawner {(after[0] - before[0]) / calls:5.2f}  "

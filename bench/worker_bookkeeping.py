@@ -70,7 +70,7 @@ def run(n: int, mode: str) -> dict:
         marks.append((time.process_time(), time.perf_counter()))
         refresh_connections()
         marks.append((time.process_time(), time.perf_counter()))
-        stream.reply(job, payload)
+        stream.reply(job, bus.Reply.of(payload))
         marks.append((time.process_time(), time.perf_counter()))
         jobs.finish(job, stream, JobRecord.State.DONE, "bench", "", writer)
         marks.append((time.process_time(), time.perf_counter()))

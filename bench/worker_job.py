@@ -11,8 +11,9 @@ plugins_app/services/jobs.py `process` with the worker's outcome writer. Per job
 - reply: the reply's MULTI (RPUSH + EXPIRE + PUBLISH)
 - tail:  reply sent → `process` returns (outcome handed to the writer)
 
-`--stub` replaces the hook's process (engine/invoke.py `execute`) by an instant echo, so CPU per job is our code
-alone (all threads: the job's, the outcome writer's, the invocation writer's); without it the warm hook runs.
+`--stub` replaces the hook's process (the runtime engine/invoke.py `runtime_for` picks) by an instant echo, so CPU per
+job is our code alone (all threads: the job's, the outcome writer's, the invocation writer's); without it the warm
+hook runs.
 
     .venv/bin/python bench/worker_job.py [jobs] [--stub] [--rounds R]
 """
@@ -66,7 +67,7 @@ def run(n: int, stub: bool) -> dict:
     from plugins_app.services import jobs
 
     marks: dict[str, float] = {}
-    real_invoke, real_execute = engine.stack.invoke, engine.invoke.execute
+    real_invoke, real_runtime_for = engine.stack.invoke, engine.invoke.runtime_for
 
     def timed_invoke(*args, **kw):
         marks["invoke0"], marks["invoke0_cpu"] = time.perf_counter(), time.thread_time()
@@ -75,8 +76,11 @@ def run(n: int, stub: bool) -> dict:
         finally:
             marks["invoke1"], marks["invoke1_cpu"] = time.perf_counter(), time.thread_time()
 
-    def echo(call, on_stderr=None):
-        return HookResult(True, reply=dict(call.request))
+    class Echo:
+        name = "echo"
+
+        def run(self, call, on_stderr=None):
+            return HookResult(True, reply=dict(call.request))
 
     stream = bus.JobStream(consumer=f"bench-{uuid.uuid4().hex[:6]}")
     real_send = stream._send_reply
@@ -96,7 +100,7 @@ def run(n: int, stub: bool) -> dict:
     outside, outside_cpu = [], []
     engine.stack.invoke = timed_invoke
     if stub:
-        engine.invoke.execute = echo
+        engine.invoke.runtime_for = lambda call: Echo()
     try:
         for i in range(n + 20):  # the first 20 warm up (zygote, caches, connections) and are not counted
             _, fields = bus.job_fields("hook", "ingest", dict(REQUEST), 60, True, reply_to=channel)
@@ -129,7 +133,7 @@ def run(n: int, stub: bool) -> dict:
         cpu_all = (time.process_time() - cpu0) * 1000 / n
         wall_all = (time.perf_counter() - wall0) * 1000 / n
     finally:
-        engine.stack.invoke, engine.invoke.execute = real_invoke, real_execute
+        engine.stack.invoke, engine.invoke.runtime_for = real_invoke, real_runtime_for
     return {"mode": "stub" if stub else "warm hook", "jobs": n,
             "p50_ms": {s: round(statistics.median(v), 3) for s, v in per.items()},
             "outside_invoke_p50_ms": round(statistics.median(outside), 3),

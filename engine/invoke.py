@@ -25,8 +25,8 @@ from engine.plugins.manifest import env_reference
 from engine.plugins.permissions import BASELINE_MEMORY_MB, BASELINE_PROCESSES, PermissionPolicy, service_own
 from engine.ports import Invocation, InvocationSink, StderrSink
 from engine.process import hook_dirs, identity
-from engine.process.hook_call import HookCall, HookResult, Runtime, StderrCallback
-from engine.process.runner import process_runtime
+from engine.process.hook_call import HookCall, HookResult, Runtime
+from engine.process.runner import PROCESS
 from engine.protocol import Failure
 from engine.wasm.hooks import WASM
 
@@ -68,18 +68,32 @@ def preview(value: Any, limit: int = PREVIEW_BYTES) -> str:
     return data[:limit].decode("utf-8", errors="ignore") + "…"
 
 
-# (failure message or None, warnings for the trace): lets the caller judge a reply before it is recorded.
-Judge = Callable[[Any], tuple[str | None, list[str]]]
+@dataclass(frozen=True)
+class Verdict:
+    """What a caller makes of a successful reply before it is recorded (a `Judge`): what it takes from it (`result`;
+    None: nothing usable), why the attempt counts as failed for it (`failure`, e.g. assemble with no usable
+    messages, as LibreFang counts it; None: it does not), and warnings for the trace (e.g. pinned messages
+    restored)."""
+
+    result: Any = None
+    failure: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+Judge = Callable[[Any], Verdict]
 
 
 @dataclass
 class Attempt:
+    """One plugin's hook as it ended (its last try), and, when a judge looked at its reply, the verdict."""
+
     plugin: str
     hook: str
     result: HookResult
     trace_id: str
     warnings: list[str] = field(default_factory=list)
     cached: bool = False
+    verdict: Verdict | None = None
 
     @property
     def ok(self) -> bool:
@@ -181,13 +195,8 @@ def venv_dir(home: Home, name: str):
 
 def runtime_for(call: HookCall) -> Runtime:
     """The runtime that runs `call`: wasm modules in the worker (engine/wasm/hooks.py); every other hook in its own
-    process (engine/process/runner.py), forked from a warm zygote when it is a python hook that can be."""
-    return WASM if call.runtime.runtime.is_wasm else process_runtime(call)
-
-
-def execute(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
-    """Run one attempt of a hook call with its runtime."""
-    return runtime_for(call).run(call, on_stderr)
+    process (engine/process/runner.py: forked from a warm zygote when it is a python hook that can be)."""
+    return WASM if call.runtime.runtime.is_wasm else PROCESS
 
 
 def write_config_file(plugin: Any, home: Home):
@@ -234,93 +243,101 @@ def invoke(entry: CatalogEntry, hook: str, request: dict, *, home: Home, invocat
            allowed_env_vars: tuple[str, ...] = (), retries: int | None = None, overrides: Overrides | None = None,
            judge: Judge | None = None, sleep: Callable[[float], None] = time.sleep,
            policy: PermissionPolicy | None = None) -> Attempt:
-    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per attempt. `policy`: what the
-    call may reach and spend (hook_call_for).
-
-    `judge` inspects a successful reply before it is recorded: it can turn it into a failure (e.g. assemble with no
-    usable messages, as LibreFang counts it) and attach warnings (e.g. pinned messages restored) to the trace.
-    """
+    """Run `hook` of one plugin, with its `max_retries`, recording one invocation per try; the Attempt is the last
+    try, judged. `policy`: what the call may reach and spend (hook_call_for). `judge` looks at each successful reply
+    before it is recorded (Verdict): it may turn it into a failure and add warnings to the trace."""
     trace_id = new_trace_id()
     warnings: list[str] = []
     call = hook_call_for(entry, hook, request, home, timeout, allowed_env_vars, overrides, warnings, policy)
-    started_wall = time.time()
+    tries = _Tries(entry, hook, request, invocations, stderr, agent_id, job_id, judge)
     if isinstance(call, Failure):
-        result = HookResult(False, failure=call)
-        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id, warnings)
-        return Attempt(entry.name, hook, result, trace_id, warnings)
+        return tries.recorded(trace_id, time.time(), HookResult(False, failure=call), warnings)
     settings = entry.plugin.manifest.hooks  # type: ignore[union-attr]
-    attempts = 1 + (settings.max_retries if retries is None else retries)
-    result = HookResult(False)
-    attempt_warnings: list[str] = list(warnings)
     guard: Any = contextlib.nullcontext()
     if settings.enable_shared_state:
         state = shared_state_file(home, entry.name, agent_id)
         call.extra_env = {**call.extra_env, "LIBREFANG_STATE_FILE": str(state)}
         guard = _state_lock(state)  # calls sharing a state file are serialised (in this process, like LibreFang)
-    with guard:
-        return _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id,
-                         warnings, judge, sleep, trace_id, started_wall, result, attempt_warnings)
-
-
-def _attempts(entry, hook, request, call, settings, attempts, invocations, stderr, agent_id, job_id, warnings,
-              judge, sleep, trace_id, started_wall, result, attempt_warnings) -> Attempt:
-    stderr_log = STDERR_LOGGERS[call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher]
     hook_schema = settings.hook_schemas.get(hook) if isinstance(settings.hook_schemas, dict) else None
     hook_schema = hook_schema if isinstance(hook_schema, dict) else {}
     if hook_schema.get("input"):
-        warnings = warnings + [f"input schema: {v}" for v in validate_schema(request, hook_schema["input"])]
-    for n in range(attempts):
-        if n:
-            sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)
-            trace_id = new_trace_id()
-            started_wall = time.time()
-        tid = trace_id
+        warnings += [f"input schema: {v}" for v in validate_schema(request, hook_schema["input"])]
+    runtime = runtime_for(call)
+    attempt = Attempt(entry.name, hook, HookResult(False), trace_id, list(warnings))
+    with guard:
+        for n in range(1 + (settings.max_retries if retries is None else retries)):
+            if n:
+                sleep(retry_delay_ms(settings.retry_delay_ms, n) / 1000)
+                trace_id = new_trace_id()
+            attempt = tries.once(runtime, call, trace_id, warnings, hook_schema.get("output"),
+                                 settings.output_schema_strict)
+            if attempt.ok or (attempt.failure and attempt.failure.kind in PERMANENT_FAILURES):
+                break
+    return attempt
 
-        def on_line(line: str, tid: str = tid, stderr_log: logging.Logger = stderr_log) -> None:
-            stderr_log.info("%s", line, extra={"plugin": entry.name, "hook": hook, "trace_id": tid})
-            stderr.line(entry.name, hook, line, tid)
 
-        result = execute(call, on_stderr=on_line)
+@dataclass
+class _Tries:
+    """The tries of one plugin's hook for one request: each run, checked (the output schema, the caller's judge),
+    and recorded as an invocation."""
+
+    entry: CatalogEntry
+    hook: str
+    request: dict
+    invocations: InvocationSink
+    stderr: StderrSink
+    agent_id: str
+    job_id: str | None
+    judge: Judge | None
+
+    def once(self, runtime: Runtime, call: HookCall, trace_id: str, warnings: list[str], output_schema: Any,
+             strict: bool) -> Attempt:
+        started = time.time()
+        python = call.runtime.runtime.tag == "python" and not call.runtime.custom_launcher
+        stderr_log = STDERR_LOGGERS[python]
+        where = {"plugin": self.entry.name, "hook": self.hook, "trace_id": trace_id}
+
+        def on_line(line: str) -> None:
+            stderr_log.info("%s", line, extra=where)
+            self.stderr.line(self.entry.name, self.hook, line, trace_id)
+
+        result = runtime.run(call, on_line)
         if result.stderr.strip():
-            stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", entry.name, hook, len(result.stderr),
-                             result.stderr[-STDERR_TAIL_BYTES:], extra={"plugin": entry.name, "hook": hook,
-                                                                        "trace_id": tid})
-        attempt_warnings = list(warnings) + result.warnings  # e.g. sandbox.degraded (engine/process/runner.py)
-        if result.ok and hook_schema.get("output"):
-            violations = validate_schema(result.reply, hook_schema["output"])
-            if violations and settings.output_schema_strict:
+            stderr_log.debug("hook stderr (%s/%s, %d bytes): %s", self.entry.name, self.hook, len(result.stderr),
+                             result.stderr[-STDERR_TAIL_BYTES:], extra=where)
+        tried_warnings = list(warnings) + result.warnings  # e.g. sandbox.degraded (engine/process/runner.py)
+        if result.ok and output_schema:
+            violations = validate_schema(result.reply, output_schema)
+            if violations and strict:
                 result.ok = False
                 result.failure = Failure(P.INVALID_OUTPUT, "output schema: " + "; ".join(violations[:5]))
             else:
-                attempt_warnings += [f"output schema: {v}" for v in violations]
-        if result.ok and judge is not None:
-            problem, extra = judge(result.reply)
-            attempt_warnings += extra
-            if problem:
+                tried_warnings += [f"output schema: {v}" for v in violations]
+        verdict = None
+        if result.ok and self.judge is not None:
+            verdict = self.judge(result.reply)
+            tried_warnings += verdict.warnings
+            if verdict.failure:
                 result.ok = False
-                result.failure = Failure(P.INVALID_OUTPUT, problem)
-        _record(invocations, trace_id, entry.name, hook, agent_id, started_wall, result, request, job_id,
-                attempt_warnings)
-        if result.ok or (result.failure and result.failure.kind in PERMANENT_FAILURES):
-            break
-    return Attempt(entry.name, hook, result, trace_id, attempt_warnings)
+                result.failure = Failure(P.INVALID_OUTPUT, verdict.failure)
+        return self.recorded(trace_id, started, result, tried_warnings, verdict)
 
-
-def _record(sink: InvocationSink, trace_id: str, plugin: str, hook: str, agent_id: str, started: float,
-            result: HookResult, request: Any, job_id: str | None, warnings: list[str] | None = None) -> None:
-    annotations: dict[str, Any] = {}
-    if result.ok and isinstance(result.reply, dict) and result.reply.get("annotations") is not None:
-        annotations["plugin"] = result.reply["annotations"]  # after_turn replies may carry annotations
-    if warnings:
-        annotations["warnings"] = list(warnings)
-    try:
-        sink.record(Invocation(
-            trace_id=trace_id, plugin=plugin, hook=hook, agent_id=agent_id, started_at=started,
-            elapsed_ms=result.elapsed_ms, ok=result.ok,
-            error_kind=result.failure.kind if result.failure else None,
-            error=result.failure.message if result.failure else None,
-            input_preview=preview(request), output_preview=preview(result.reply) if result.ok else preview(result.stdout),
-            stderr_tail=result.stderr[-STDERR_TAIL_BYTES:], job_id=job_id, annotations=annotations or None,
-        ))
-    except Exception:  # recording must never break a call
-        pass
+    def recorded(self, trace_id: str, started: float, result: HookResult, warnings: list[str],
+                 verdict: Verdict | None = None) -> Attempt:
+        annotations: dict[str, Any] = {}
+        if result.ok and isinstance(result.reply, dict) and result.reply.get("annotations") is not None:
+            annotations["plugin"] = result.reply["annotations"]  # after_turn replies may carry annotations
+        if warnings:
+            annotations["warnings"] = list(warnings)
+        try:
+            self.invocations.record(Invocation(
+                trace_id=trace_id, plugin=self.entry.name, hook=self.hook, agent_id=self.agent_id,
+                started_at=started, elapsed_ms=result.elapsed_ms, ok=result.ok,
+                error_kind=result.failure.kind if result.failure else None,
+                error=result.failure.message if result.failure else None, input_preview=preview(self.request),
+                output_preview=preview(result.reply) if result.ok else preview(result.stdout),
+                stderr_tail=result.stderr[-STDERR_TAIL_BYTES:], job_id=self.job_id, annotations=annotations or None,
+            ))
+        except Exception:  # recording must never break a call
+            pass
+        return Attempt(self.entry.name, self.hook, result, trace_id, warnings, verdict=verdict)

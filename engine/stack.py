@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
-import copy
 import logging
 import re
 import time
@@ -21,7 +20,7 @@ from engine import protocol as P
 from engine.config import ConfigCache, LlmConfig, ServiceConfig
 from engine.home import Home
 from engine.hook_requests import normalise
-from engine.invoke import Attempt, Judge, invoke
+from engine.invoke import Attempt, Judge, Verdict, invoke
 from engine.overrides import BootstrapOverrides, Overrides
 from engine.plugins.catalog import CallCatalog, Catalog
 from engine.plugins.permissions import Approvals, NoApprovals, PermissionPolicy
@@ -39,15 +38,7 @@ from engine.ports import (
 from engine.process.hook_call import HookResult
 from engine.replies import apply_after_turn_reply, memories_from
 from engine.resilience import CircuitBreakers, TtlCache
-from engine.strategies import (
-    AFTER_TURN_REPLY,
-    ALL,
-    BOOTSTRAP_REPLY,
-    FIRST_USABLE,
-    MERGE,
-    STRATEGIES,
-    Strategy,
-)
+from engine.strategies import AFTER_TURN_REPLY, ALL, BOOTSTRAP_REPLY, FIRST_USABLE, MERGE, STRATEGIES
 
 log = logging.getLogger("librefang.engine")
 
@@ -107,7 +98,7 @@ class ContextEngine:
         self.breakers = CircuitBreakers()
         self.overrides = BootstrapOverrides(deps.home)
         self._sleep: Callable[[float], None] = time.sleep
-        # one slot, shared with the per-call copies handle() makes
+        # one slot: the policy of the config in force
         self._permissions: list[tuple[ServiceConfig, PermissionPolicy]] = []
 
     def permissions(self, cfg: ServiceConfig) -> PermissionPolicy:
@@ -131,30 +122,7 @@ class ContextEngine:
     def handle(self, hook: str, request: dict[str, Any], job_id: str | None = None) -> EngineReply:
         if not H.is_hook(hook):
             raise ValueError(f"unknown hook {hook!r}; hooks are: {', '.join(H.ALL_HOOKS)}")
-        # One call sees each plugin as it is when the call first looks it up (chain, filters, run, policy).
-        call = copy.copy(self)
-        call.catalog = CallCatalog(self.catalog)
-        return call._handle(hook, request, job_id)
-
-    def _handle(self, hook: str, request: dict[str, Any], job_id: str | None) -> EngineReply:
-        cfg = self.config.get()
-        req = for_plugins(hook, request, cfg)
-        chain = self.chain(cfg)
-        strategy = STRATEGIES[hook]
-        run = {MERGE: self._merge, FIRST_USABLE: self._first_usable, ALL: self._all}[strategy.mode]
-        reply = run(hook, strategy, req, chain, cfg, job_id)
-        if reply.source == "default" and not reply.fallback_reason and not reply.aborted:
-            # a configured plugin that is disabled or uninstalled is a fallback too: say so to the agent
-            skipped = self.skipped_layers(cfg)
-            if skipped and not (hook == H.INGEST and cfg.context_engine.stable_prefix_mode):
-                reply.fallback_reason = "; ".join(skipped)
-        if reply.fallback_reason and not reply.aborted:
-            if reply.source == "default":
-                log.warning("%s fell back to the default engine: %s", hook, reply.fallback_reason)
-            else:  # a later stack layer answered: not a fallback to the default engine
-                log.warning("%s answered by %s after earlier layers failed: %s", hook, reply.source,
-                            reply.fallback_reason)
-        return reply
+        return ChainCall(self, hook, request, job_id).answer()
 
     def skipped_layers(self, cfg: ServiceConfig | None = None) -> list[str]:
         """Why configured plugins are not in the chain (engine/hook_policy.py)."""
@@ -164,201 +132,10 @@ class ContextEngine:
         """The built-in engine's answer, e.g. when the worker missed the deadline."""
         cfg = self.config.get()
         req = normalise(hook, request, context_window_tokens=cfg.context_engine.context_window_tokens)
-        return EngineReply(self._default_result(hook, req, cfg), "default", reason)
+        return EngineReply(self.default_result(hook, req, cfg), "default", reason)
 
-    def _default_result(self, hook: str, req: dict, cfg: ServiceConfig) -> dict:
+    def default_result(self, hook: str, req: dict, cfg: ServiceConfig) -> dict:
         return policy.default_result(hook, req, cfg, self.deps.memory, self.deps.summarizer_for(cfg.llm))
-
-    def _applies(self, name: str, hook: str, req: dict) -> bool:
-        """The plugin's filters: ingest_filter / ingest_regex (ingest) and only_for_agent_ids."""
-        plugin = self.catalog.get(name).plugin
-        if plugin is None:
-            return True
-        s = plugin.manifest.hooks
-        if hook == H.INGEST:
-            message = str(req.get("message") or "")
-            override = self.overrides.get(name)
-            substring = override.ingest_filter if override and override.ingest_filter is not None else s.ingest_filter
-            if substring and substring not in message:
-                return False
-            if s.ingest_regex:
-                try:
-                    if not re.search(s.ingest_regex, message):
-                        return False
-                except re.error:
-                    pass  # invalid pattern: ignored (and reported as a finding), as LibreFang does
-        if STRATEGIES[hook].agent_filtered and s.only_for_agent_ids:
-            agent = str(req.get("agent_id") or "")
-            return any(x in agent for x in s.only_for_agent_ids)
-        return True
-
-    def _run(self, name: str, hook: str, req: dict, cfg: ServiceConfig, job_id: str | None,
-             judge: Judge | None = None) -> Attempt | None:
-        """One layer. None: the plugin does not take part (hook not declared, or filtered out)."""
-        entry = self.catalog.get(name)
-        plugin = entry.plugin
-        agent = str(req.get("agent_id") or req.get("parent_id") or "")
-        if plugin is None:
-            # record a failed invocation so the operator sees why the plugin is not answering
-            return invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations,
-                          stderr=self.deps.stderr, agent_id=agent, job_id=job_id)
-        if not plugin.manifest.hooks.script_for(hook) or not self._applies(name, hook, req):
-            return None
-        ttl_field = STRATEGIES[hook].cache_ttl_field
-        ttl = getattr(plugin.manifest.hooks, ttl_field) if ttl_field else None
-        key = TtlCache.key(name, hook, {"fingerprint": list(plugin.fingerprint), "request": req}) if ttl else None
-        if key is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
-                return Attempt(name, hook, hit, "", cached=True)
-        breaker = plugin.manifest.hooks.circuit_breaker
-        bkey = (name, agent, hook)
-        if breaker is not None:
-            why = self.breakers.check(bkey, breaker.max_failures, breaker.reset_secs)
-            if why is not None:
-                return Attempt(name, hook, HookResult(False, failure=P.Failure(P.CIRCUIT_OPEN, why)), "")
-        attempt = invoke(entry, hook, req, home=self.home, invocations=self.deps.invocations, stderr=self.deps.stderr,
-                         agent_id=agent, job_id=job_id, allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars),
-                         overrides=self.overrides.get(name), judge=judge, sleep=self._sleep,
-                         policy=self.permissions(cfg))
-        if breaker is not None:
-            self.breakers.record(bkey, attempt.ok)
-        if key is not None and attempt.ok and ttl:
-            self.cache.put(key, attempt.result, float(ttl))
-        return attempt
-
-    def _run_all_concurrently(self, names: list[str], hook: str, req: dict, cfg: ServiceConfig,
-                              job_id: str | None) -> list[Attempt | None]:
-        if len(names) <= 1:
-            return [self._run(n, hook, req, cfg, job_id) for n in names]
-        # each in a copy of this thread's context, so the caller's origin (engine.ports.CURRENT_ORIGIN) stays on
-        futures = [self._pool.submit(contextvars.copy_context().run, self._run, n, hook, req, cfg, job_id)
-                   for n in names]
-        return [f.result() for f in futures]
-
-    def _policy(self, name: str) -> str:
-        plugin = self.catalog.get(name).plugin
-        return plugin.manifest.hooks.on_hook_failure if plugin is not None else "warn"
-
-    def _reason(self, attempts: list[Attempt]) -> str | None:
-        """Why the answer is (partly) the default's. Failures of `skip` plugins stay silent."""
-        failed = [a for a in attempts if not a.ok and self._policy(a.plugin) != "skip"]
-        if not failed:
-            return None
-        return "; ".join(f"{a.plugin}: {a.failure}" for a in failed)
-
-    def _abort(self, hook: str, attempts: list[Attempt]) -> EngineReply | None:
-        if not STRATEGIES[hook].abortable:
-            return None
-        for a in attempts:
-            # an unusable reply (e.g. an empty assemble list) falls back even under abort, as in LibreFang
-            if not a.ok and self._policy(a.plugin) == "abort" and a.failure and a.failure.kind != P.INVALID_OUTPUT:
-                failure = a.failure or P.Failure(P.ABORTED, "hook failed")
-                return EngineReply({"type": "error"}, a.plugin, None, [x.trace_id for x in attempts if x.trace_id],
-                                   aborted=True, error={"kind": P.ABORTED, "plugin": a.plugin, "hook": hook,
-                                                        "cause": failure.kind, "message": failure.message})
-        return None
-
-    @staticmethod
-    def _trace_ids(attempts: list[Attempt]) -> list[str]:
-        return [a.trace_id for a in attempts if a.trace_id]
-
-    # ---- the three ways a chain answers (engine/strategies.py) ----
-
-    def _merge(self, hook: str, strategy: Strategy, req: dict, chain: list[str], cfg: ServiceConfig,
-               job_id: str | None) -> EngineReply:
-        """ingest: every layer at once; their memories after the default engine's recall (run once, not per
-        layer), the layers ordered by plugin_stack_weights."""
-        if cfg.context_engine.stable_prefix_mode:
-            # LibreFang: neither the hooks nor the default recall run in stable-prefix mode.
-            return EngineReply({"type": "ingest_result", "memories": []}, "default", None)
-        attempts = [a for a in self._run_all_concurrently(chain, hook, req, cfg, job_id) if a is not None]
-        aborted = self._abort(hook, attempts)
-        if aborted:
-            return aborted
-        default = D.ingest(req, self.deps.memory, cfg.context_engine.max_recall_results)
-        weights = cfg.context_engine.plugin_stack_weights
-        ok = sorted((a for a in attempts if a.ok), key=lambda a: -weights.get(a.plugin, 1.0))  # stable sort
-        memories = list(default["memories"])
-        for a in ok:
-            memories += memories_from(a.reply, "hook_cached" if a.cached else "hook")
-        source = ",".join(a.plugin for a in ok) or "default"
-        return EngineReply({"type": "ingest_result", "memories": memories}, source, self._reason(attempts),
-                           self._trace_ids(attempts), list(default.get("warnings", [])))
-
-    def _first_usable(self, hook: str, strategy: Strategy, req: dict, chain: list[str], cfg: ServiceConfig,
-                      job_id: str | None) -> EngineReply:
-        """Layers in order; the first usable result wins (`strategy.accept`), else the default engine answers."""
-        accept = self._accept(strategy, req, cfg)
-        attempts: list[Attempt] = []
-        accepted: dict[int, tuple[dict | None, list[str]]] = {}
-
-        def judge(reply: Any) -> tuple[str | None, list[str]]:
-            result, problem, warnings = accept(reply)
-            accepted[id(reply)] = (result, warnings)
-            return (problem if strategy.unusable_is_failure else None), warnings
-
-        for name in chain:
-            a = self._run(name, hook, req, cfg, job_id, judge)
-            if a is None:
-                continue
-            attempts.append(a)
-            if a.ok:
-                result, warnings = accepted.get(id(a.reply)) or accept(a.reply)[::2]
-                if result is not None:
-                    return EngineReply(result, name, self._reason(attempts[:-1]), self._trace_ids(attempts),
-                                       list(warnings))
-            else:
-                aborted = self._abort(hook, [a])
-                if aborted is not None:
-                    aborted.trace_ids = self._trace_ids(attempts)
-                    return aborted
-        reason = self._reason(attempts)
-        if reason is None and strategy.unusable_is_failure and any(a.ok for a in attempts):
-            reason = f"no plugin returned a usable {hook} result"  # (a layer that passes is not a failure)
-        return EngineReply(self._default_result(hook, req, cfg), "default", reason, self._trace_ids(attempts))
-
-    def _accept(self, strategy: Strategy, req: dict, cfg: ServiceConfig):
-        return strategy.accept(req, lambda: self.deps.summarizer_for(cfg.llm))
-
-    def _all(self, hook: str, strategy: Strategy, req: dict, chain: list[str], cfg: ServiceConfig,
-             job_id: str | None) -> EngineReply:
-        """after_turn, bootstrap, prepare/merge_subagent, on_event: every layer runs (after_turn at once, the others
-        in order); failures are logged and the chain goes on; `strategy.on_reply` uses each successful reply."""
-        if strategy.concurrent:
-            runs = self._run_all_concurrently(chain, hook, req, cfg, job_id)
-        else:
-            runs = [self._run(n, hook, req, cfg, job_id) for n in chain]
-        attempts = [a for a in runs if a is not None]
-        aborted = self._abort(hook, attempts)
-        if aborted:
-            return aborted
-        ok = [a for a in attempts if a.ok]
-        result: dict[str, Any] = {"type": "ok"}
-        if strategy.on_reply == AFTER_TURN_REPLY:
-            result["memories_stored"] = sum(self._apply_after_turn_reply(a, req, chain, cfg, job_id) for a in ok
-                                            if isinstance(a.reply, dict))
-            if not ok:  # the default engine answered: it remembers the turn (engine/default_engine.py after_turn)
-                D.after_turn(req, self.deps.memory)
-        elif strategy.on_reply == BOOTSTRAP_REPLY:
-            for a in ok:
-                if isinstance(a.reply, dict):
-                    self.overrides.store(a.plugin, a.reply)
-                    self.cache.clear(a.plugin)
-        return EngineReply(result, ",".join(a.plugin for a in ok) or "default", self._reason(attempts),
-                           self._trace_ids(attempts))
-
-    def _apply_after_turn_reply(self, a: Attempt, req: dict, chain: list[str], cfg: ServiceConfig,
-                                job_id: str | None) -> int:
-        """What an after_turn reply carries beyond `ok` (engine/replies.py); its events go to the other stack
-        members' on_event (only in a stack, self-events skipped; best-effort, no retries, output ignored:
-        LibreFang)."""
-        others = [n for n in chain if n != a.plugin] if len(chain) > 1 else []
-
-        def forward(event_req: dict) -> None:
-            for other in others:
-                self._run(other, H.ON_EVENT, event_req, cfg, job_id)
-        return apply_after_turn_reply(a.plugin, a.reply, req, self.deps.memory, forward if others else None)
 
     def overrides_for(self, plugin: str) -> Overrides | None:
         """What the plugin's last bootstrap reply changed (None: no bootstrap override). One stat per call."""
@@ -373,12 +150,12 @@ class ContextEngine:
         strategy = STRATEGIES[hook]
         if strategy.accept is None:
             return None
-        check = self._accept(strategy, req, cfg)
-        counts_as_failure = strategy.unusable_is_failure  # as in _first_usable
+        check = strategy.accept(req, lambda: self.deps.summarizer_for(cfg.llm))
+        counts_as_failure = strategy.unusable_is_failure  # else an unusable reply is a pass: the next layer answers
 
-        def judge(reply: Any) -> tuple[str | None, list[str]]:
-            _result, problem, warnings = check(reply)
-            return (problem if counts_as_failure else None), warnings
+        def judge(reply: Any) -> Verdict:
+            result, problem, warnings = check(reply)
+            return Verdict(result, problem if counts_as_failure else None, tuple(warnings))
         return judge
 
     def judge(self, hook: str, request: dict[str, Any], reply: Any) -> tuple[bool, str | None]:
@@ -386,7 +163,7 @@ class ContextEngine:
         cfg = self.config.get()
         req = for_plugins(hook, request, cfg)
         check = self.judge_for(hook, req, cfg)
-        problem = check(reply)[0] if check is not None else None
+        problem = check(reply).failure if check is not None else None
         return (problem is None), (f"{P.INVALID_OUTPUT}: {problem}" if problem else None)
 
     def test_hook(self, name: str, hook: str, request: dict[str, Any]) -> Attempt:
@@ -401,3 +178,219 @@ class ContextEngine:
                       overrides=self.overrides.get(name),
                       allowed_env_vars=tuple(cfg.context_engine.allowed_env_vars), judge=self.judge_for(hook, req, cfg),
                       policy=self.permissions(cfg))
+
+
+class ChainCall:
+    """One agent call of a hook through the chain: the request as its plugins receive it, the configuration in force
+    and the plugins as the call first looks each one up (a CallCatalog: one view of a plugin for the whole call:
+    chain, filters, run, policy), and the three ways a chain answers (engine/strategies.py), one method each. The
+    engine's own state (pools, reply cache, circuit breakers, bootstrap overrides) is shared by every call."""
+
+    def __init__(self, engine: ContextEngine, hook: str, request: dict[str, Any], job_id: str | None):
+        self.engine = engine
+        self.hook = hook
+        self.job_id = job_id
+        self.cfg = engine.config.get()
+        self.catalog = CallCatalog(engine.catalog)
+        self.req = for_plugins(hook, request, self.cfg)
+        self.chain = policy.chain(self.catalog, self.cfg)
+        self.strategy = STRATEGIES[hook]
+
+    def answer(self) -> EngineReply:
+        run = {MERGE: self.merge, FIRST_USABLE: self.first_usable, ALL: self.all}[self.strategy.mode]
+        reply = run()
+        if reply.source == "default" and not reply.fallback_reason and not reply.aborted:
+            # a configured plugin that is disabled or uninstalled is a fallback too: say so to the agent
+            skipped = policy.skipped_layers(self.catalog, self.cfg)
+            if skipped and not (self.hook == H.INGEST and self.cfg.context_engine.stable_prefix_mode):
+                reply.fallback_reason = "; ".join(skipped)
+        if reply.fallback_reason and not reply.aborted:
+            if reply.source == "default":
+                log.warning("%s fell back to the default engine: %s", self.hook, reply.fallback_reason)
+            else:  # a later stack layer answered: not a fallback to the default engine
+                log.warning("%s answered by %s after earlier layers failed: %s", self.hook, reply.source,
+                            reply.fallback_reason)
+        return reply
+
+    # ---- the three ways a chain answers (engine/strategies.py) ----
+
+    def merge(self) -> EngineReply:
+        """ingest: every layer at once; their memories after the default engine's recall (run once, not per
+        layer), the layers ordered by plugin_stack_weights."""
+        ce = self.cfg.context_engine
+        if ce.stable_prefix_mode:
+            # LibreFang: neither the hooks nor the default recall run in stable-prefix mode.
+            return EngineReply({"type": "ingest_result", "memories": []}, "default", None)
+        attempts = [a for a in self.run_concurrently(self.chain) if a is not None]
+        aborted = self.aborted(attempts)
+        if aborted:
+            return aborted
+        default = D.ingest(self.req, self.engine.deps.memory, ce.max_recall_results)
+        weights = ce.plugin_stack_weights
+        ok = sorted((a for a in attempts if a.ok), key=lambda a: -weights.get(a.plugin, 1.0))  # stable sort
+        memories = list(default["memories"])
+        for a in ok:
+            memories += memories_from(a.reply, "hook_cached" if a.cached else "hook")
+        source = ",".join(a.plugin for a in ok) or "default"
+        return EngineReply({"type": "ingest_result", "memories": memories}, source, self.reason(attempts),
+                           _trace_ids(attempts), list(default.get("warnings", [])))
+
+    def first_usable(self) -> EngineReply:
+        """Layers in order; the first usable result wins (the strategy's `accept`, judged as each reply comes:
+        engine/invoke.py Verdict), else the default engine answers."""
+        judge = self.engine.judge_for(self.hook, self.req, self.cfg)
+        attempts: list[Attempt] = []
+        for name in self.chain:
+            a = self.run(name, self.hook, self.req, judge)
+            if a is None:
+                continue
+            attempts.append(a)
+            if a.ok:
+                if a.verdict is not None and a.verdict.result is not None:
+                    return EngineReply(a.verdict.result, name, self.reason(attempts[:-1]), _trace_ids(attempts),
+                                       list(a.verdict.warnings))
+            else:
+                aborted = self.aborted([a])
+                if aborted is not None:
+                    aborted.trace_ids = _trace_ids(attempts)
+                    return aborted
+        reason = self.reason(attempts)
+        if reason is None and self.strategy.unusable_is_failure and any(a.ok for a in attempts):
+            reason = f"no plugin returned a usable {self.hook} result"  # (a layer that passes is not a failure)
+        return EngineReply(self.engine.default_result(self.hook, self.req, self.cfg), "default", reason,
+                           _trace_ids(attempts))
+
+    def all(self) -> EngineReply:
+        """after_turn, bootstrap, prepare/merge_subagent, on_event: every layer runs (after_turn at once, the others
+        in order); failures are logged and the chain goes on; `strategy.on_reply` uses each successful reply."""
+        if self.strategy.concurrent:
+            runs = self.run_concurrently(self.chain)
+        else:
+            runs = [self.run(n, self.hook, self.req) for n in self.chain]
+        attempts = [a for a in runs if a is not None]
+        aborted = self.aborted(attempts)
+        if aborted:
+            return aborted
+        ok = [a for a in attempts if a.ok]
+        result: dict[str, Any] = {"type": "ok"}
+        if self.strategy.on_reply == AFTER_TURN_REPLY:
+            result["memories_stored"] = sum(self.apply_after_turn_reply(a) for a in ok if isinstance(a.reply, dict))
+            if not ok:  # the default engine answered: it remembers the turn (engine/default_engine.py after_turn)
+                D.after_turn(self.req, self.engine.deps.memory)
+        elif self.strategy.on_reply == BOOTSTRAP_REPLY:
+            for a in ok:
+                if isinstance(a.reply, dict):
+                    self.engine.overrides.store(a.plugin, a.reply)
+                    self.engine.cache.clear(a.plugin)
+        return EngineReply(result, ",".join(a.plugin for a in ok) or "default", self.reason(attempts),
+                           _trace_ids(attempts))
+
+    def apply_after_turn_reply(self, a: Attempt) -> int:
+        """What an after_turn reply carries beyond `ok` (engine/replies.py); its events go to the other stack
+        members' on_event (only in a stack, self-events skipped; best-effort, no retries, output ignored:
+        LibreFang)."""
+        others = [n for n in self.chain if n != a.plugin] if len(self.chain) > 1 else []
+
+        def forward(event_req: dict) -> None:
+            for other in others:
+                self.run(other, H.ON_EVENT, event_req)
+        return apply_after_turn_reply(a.plugin, a.reply, self.req, self.engine.deps.memory,
+                                      forward if others else None)
+
+    # ---- one layer ----
+
+    def run(self, name: str, hook: str, req: dict, judge: Judge | None = None) -> Attempt | None:
+        """One layer. None: the plugin does not take part (hook not declared, or filtered out)."""
+        engine = self.engine
+        entry = self.catalog.get(name)
+        plugin = entry.plugin
+        agent = str(req.get("agent_id") or req.get("parent_id") or "")
+        if plugin is None:
+            # record a failed invocation so the operator sees why the plugin is not answering
+            return invoke(entry, hook, req, home=engine.home, invocations=engine.deps.invocations,
+                          stderr=engine.deps.stderr, agent_id=agent, job_id=self.job_id)
+        if not plugin.manifest.hooks.script_for(hook) or not self.applies(name, hook, req):
+            return None
+        ttl_field = STRATEGIES[hook].cache_ttl_field
+        ttl = getattr(plugin.manifest.hooks, ttl_field) if ttl_field else None
+        key = TtlCache.key(name, hook, {"fingerprint": list(plugin.fingerprint), "request": req}) if ttl else None
+        if key is not None:
+            hit = engine.cache.get(key)
+            if hit is not None:
+                return Attempt(name, hook, hit, "", cached=True, verdict=judge(hit.reply) if judge else None)
+        breaker = plugin.manifest.hooks.circuit_breaker
+        bkey = (name, agent, hook)
+        if breaker is not None:
+            why = engine.breakers.check(bkey, breaker.max_failures, breaker.reset_secs)
+            if why is not None:
+                return Attempt(name, hook, HookResult(False, failure=P.Failure(P.CIRCUIT_OPEN, why)), "")
+        attempt = invoke(entry, hook, req, home=engine.home, invocations=engine.deps.invocations,
+                         stderr=engine.deps.stderr, agent_id=agent, job_id=self.job_id,
+                         allowed_env_vars=tuple(self.cfg.context_engine.allowed_env_vars),
+                         overrides=engine.overrides.get(name), judge=judge, sleep=engine._sleep,
+                         policy=engine.permissions(self.cfg))
+        if breaker is not None:
+            engine.breakers.record(bkey, attempt.ok)
+        if key is not None and attempt.ok and ttl:
+            engine.cache.put(key, attempt.result, float(ttl))
+        return attempt
+
+    def run_concurrently(self, names: list[str]) -> list[Attempt | None]:
+        if len(names) <= 1:
+            return [self.run(n, self.hook, self.req) for n in names]
+        # each in a copy of this thread's context, so the caller's origin (engine.ports.CURRENT_ORIGIN) stays on
+        futures = [self.engine._pool.submit(contextvars.copy_context().run, self.run, n, self.hook, self.req)
+                   for n in names]
+        return [f.result() for f in futures]
+
+    def applies(self, name: str, hook: str, req: dict) -> bool:
+        """The plugin's filters: ingest_filter / ingest_regex (ingest) and only_for_agent_ids."""
+        plugin = self.catalog.get(name).plugin
+        if plugin is None:
+            return True
+        s = plugin.manifest.hooks
+        if hook == H.INGEST:
+            message = str(req.get("message") or "")
+            override = self.engine.overrides.get(name)
+            substring = override.ingest_filter if override and override.ingest_filter is not None else s.ingest_filter
+            if substring and substring not in message:
+                return False
+            if s.ingest_regex:
+                try:
+                    if not re.search(s.ingest_regex, message):
+                        return False
+                except re.error:
+                    pass  # invalid pattern: ignored (and reported as a finding), as LibreFang does
+        if STRATEGIES[hook].agent_filtered and s.only_for_agent_ids:
+            agent = str(req.get("agent_id") or "")
+            return any(x in agent for x in s.only_for_agent_ids)
+        return True
+
+    # ---- what the layers' attempts add up to ----
+
+    def on_failure(self, name: str) -> str:
+        plugin = self.catalog.get(name).plugin
+        return plugin.manifest.hooks.on_hook_failure if plugin is not None else "warn"
+
+    def reason(self, attempts: list[Attempt]) -> str | None:
+        """Why the answer is (partly) the default's. Failures of `skip` plugins stay silent."""
+        failed = [a for a in attempts if not a.ok and self.on_failure(a.plugin) != "skip"]
+        if not failed:
+            return None
+        return "; ".join(f"{a.plugin}: {a.failure}" for a in failed)
+
+    def aborted(self, attempts: list[Attempt]) -> EngineReply | None:
+        if not self.strategy.abortable:
+            return None
+        for a in attempts:
+            # an unusable reply (e.g. an empty assemble list) falls back even under abort, as in LibreFang
+            if not a.ok and self.on_failure(a.plugin) == "abort" and a.failure and a.failure.kind != P.INVALID_OUTPUT:
+                failure = a.failure or P.Failure(P.ABORTED, "hook failed")
+                return EngineReply({"type": "error"}, a.plugin, None, [x.trace_id for x in attempts if x.trace_id],
+                                   aborted=True, error={"kind": P.ABORTED, "plugin": a.plugin, "hook": self.hook,
+                                                        "cause": failure.kind, "message": failure.message})
+        return None
+
+
+def _trace_ids(attempts: list[Attempt]) -> list[str]:
+    return [a.trace_id for a in attempts if a.trace_id]

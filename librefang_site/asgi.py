@@ -1,6 +1,7 @@
 """The ASGI application: HTTP goes to Django (static files included), websockets to the Channels router. Agents' hook
-calls are answered before Django's middleware (plugins_app/api/hook_asgi.py); /mcp by its own app. Importing it
-starts nothing: what a serving web process runs beside it is librefang_site/web.py's, which daphne serves."""
+calls are answered before Django's middleware (plugins_app/api/hook_asgi.py), /mcp by its own app (`HttpRoutes`).
+Importing it starts nothing: what a serving web process runs beside it is librefang_site/web.py's, which daphne
+serves."""
 
 import asyncio
 import contextlib
@@ -33,21 +34,31 @@ class BrowserOriginValidator(OriginValidator):
         return parsed_origin is None or super().valid_origin(parsed_origin)
 
 
-class AnswerHookCallsOnShutdown:
-    """On SIGTERM daphne cancels every request in flight, so an agent waiting on a hook would get an empty reply.
-    For the hook routes we keep the request running, tell the job bus to answer its waiting calls now (they fall
-    back to the default engine, `fallback_reason` "shutting_down: …") and give the answer DRAIN_SECS to go out."""
+class HttpRoutes:
+    """Every HTTP request: an agent's hook call (answered before Django by plugins_app/api/hook_asgi.py, and kept
+    running on shutdown), /mcp (the Model Context Protocol server, plugins_app/mcp/app.py), or Django."""
 
     HOOK_PATH = re.compile(r"/api(?:/v1)?/context-engine/hooks/")
+    # On SIGTERM daphne cancels every request in flight, so an agent waiting on a hook would get an empty reply. A
+    # hook call keeps running: the job bus answers its waiting calls now (they fall back to the default engine,
+    # `fallback_reason` "shutting_down: …") and the answer is given DRAIN_SECS to go out.
     DRAIN_SECS = 3.0
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, django_app):
+        self.django = django_app
+        self.hooks = LeanHookRoutes(django_app)
+        self.mcp = McpApp()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.HOOK_PATH.match(scope.get("path", "")):
-            return await self.app(scope, receive, send)
-        task = asyncio.ensure_future(self.app(scope, receive, send))
+        path = scope.get("path", "")
+        if self.HOOK_PATH.match(path):
+            return await self._until_answered(self.hooks(scope, receive, send))
+        if is_mcp_path(path):
+            return await self.mcp(scope, receive, send)
+        return await self.django(scope, receive, send)
+
+    async def _until_answered(self, call) -> None:
+        task = asyncio.ensure_future(call)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -57,22 +68,9 @@ class AnswerHookCallsOnShutdown:
             raise
 
 
-class McpOrDjango:
-    """/mcp (the Model Context Protocol server, plugins_app/mcp/app.py) or Django for every other path."""
-
-    def __init__(self, app):
-        self.app = app
-        self.mcp = McpApp()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and is_mcp_path(scope.get("path", "")):
-            return await self.mcp(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
 application = ProtocolTypeRouter(
     {
-        "http": McpOrDjango(AnswerHookCallsOnShutdown(LeanHookRoutes(ASGIStaticFilesHandler(django_asgi_app)))),
+        "http": HttpRoutes(ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                                             settings.ALLOWED_HOSTS),
     }

@@ -27,8 +27,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SETTINGS = "librefang_site.settings"
-COMMANDS = {"worker": "worker", "plugin": "plugin", "token": "token", "firstrun": "firstrun", "migrate": "migrate",
-            "memory": "memory"}
 
 
 def _take_home(argv: list[str]) -> list[str]:
@@ -62,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = _take_home(argv)
     from django.core.management import execute_from_command_line
 
-    command = COMMANDS.get(argv[0], argv[0])
-    execute_from_command_line(["librefang", command, *argv[1:]])
+    execute_from_command_line(["librefang", *argv])  # every other command is the management command of its name
     return 0
 
 

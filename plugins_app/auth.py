@@ -233,6 +233,18 @@ def describe_role(required: str) -> str:
             AGENT_OR_OWNER: "the agent or owner role"}.get(required, f"the {required} role")
 
 
+def admit(token: ApiToken | None, action: str) -> ApiToken | None:
+    """`token` when its role may do `action` (ACTION_ROLES); None when there is no such token (the caller answers
+    401); a ServiceError 403 when its role falls short. Every API route's check (plugins_app/api/security.py), and the
+    hook calls answered before Django (plugins_app/api/hook_asgi.py)."""
+    if token is None:
+        return None
+    required = ACTION_ROLES[action]
+    if not role_may(token.role, required):
+        raise ServiceError("forbidden", f"this route needs {describe_role(required)}; the token has {token.role}", 403)
+    return token
+
+
 # ---- agents are tenants: tokens bound to agent ids ----
 
 # An agent id, or a prefix of agent ids when it ends with "*" ("planner-*"); no other "*", nothing blank.

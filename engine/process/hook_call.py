@@ -1,6 +1,6 @@
 """One hook call as a runtime takes it (`HookCall`), what came of it (`HookResult`), and the `Runtime` protocol that
-runs it. The three runtimes: engine/process/runner.py `SUBPROCESS` (a fresh process, exec'd by the spawner) and
-`WARM_START` (python hooks forked from their zygote), engine/wasm/hooks.py `WASM` (in the worker); engine/invoke.py
+runs it. The two runtimes: engine/process/runner.py `PROCESS` (a fresh process: forked from a warm zygote for a
+python hook, else exec'd by the spawner) and engine/wasm/hooks.py `WASM` (in the worker); engine/invoke.py
 `runtime_for` picks one per call."""
 
 from __future__ import annotations
@@ -72,6 +72,6 @@ class HookResult:
 class Runtime(Protocol):
     """Runs one hook call; never raises for anything the hook does, every failure is classified."""
 
-    name: str  # "subprocess", "warm start" or "wasm"
+    name: str  # "process" or "wasm"
 
     def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult: ...

@@ -1,25 +1,24 @@
-"""Run one hook script as a fresh, sandboxed subprocess speaking the JSON stdin/stdout protocol: the two process
-runtimes of the `Runtime` protocol (engine/process/hook_call.py), `SUBPROCESS` and `WARM_START`, which share all but
-how the process starts.
+"""Run one hook script as a fresh, sandboxed process speaking the JSON stdin/stdout protocol: `PROCESS`, the runtime
+(the `Runtime` protocol of engine/process/hook_call.py) of every hook that is not a WebAssembly module.
 
-One session per call (killed whole on timeout), cleared environment, cwd = plugin dir, 1 MiB cap per stream,
-stderr streamed line by line to a callback as it arrives.
+`ProcessRuntime.run` reads top-down: the script located and its command built (once), the hook's identity and
+directories made ready, its environment and sandbox described, then the process started, by the first of: a fork
+of the warm zygote of its interpreter (python hooks, engine/process/warmstart.py), an exec by the spawner (every
+other hook, and a python hook no zygote can fork now: engine/process/hook_spawner.py, the zygote's loop in exec
+mode), or, when neither helper is available (or with LIBREFANG_SPAWNER=0), a spawn by the worker itself with the
+sandbox entered as its preexec function (a full fork() of the worker instead of CPython's vfork). The helpers keep a
+spare child that has already joined the call's cgroup (joining one is slow on cgroup v1). engine/process/hook_io.py
+then talks to the process: one session per call (killed whole on timeout), 1 MiB cap per stream, stderr streamed
+line by line to a callback as it arrives.
 
-What the hook gets is described once per call by `sandbox_spec` (an engine.sandbox.SandboxSpec) and applied by
-engine.sandbox.enter in the child, whichever way it starts: spawned here (`enter` runs as the preexec function,
-before exec) or forked from a warm-start zygote (engine/process/warmstart.py, python hooks). Where the OS allows namespaces
-that is: its own PID namespace and /proc (every process it starts dies with it), a private view of the filesystem
-($LIBREFANG_HOME hidden except the plugin's own directory and data directory; read-only with
+What the hook gets is described once per call by `sandbox_spec` (an engine.process.sandbox.SandboxSpec, the policy
+of docs/security.md) and applied in the child by engine.process.sandbox.enter, whichever way it starts. Where the OS
+allows namespaces that is: its own PID namespace and /proc (every process it starts dies with it), a private view of
+the filesystem ($LIBREFANG_HOME hidden except the plugin's own directory and data directory; read-only with
 allow_filesystem = false), an empty network namespace with allow_network = false, no capabilities, rlimits and a
 per-call cgroup with memory and process-count limits (defaults below). PR_SET_PDEATHSIG(SIGKILL) ties the hook to
 the thread that spawned it (the engine spawns from long-lived pool threads). Where namespaces are refused, every
-call's result carries the `sandbox.degraded` warning (engine.sandbox.degraded_reasons()).
-
-Neither runtime forks the worker: WARM_START forks python hooks from their zygote, SUBPROCESS has every other hook
-exec'd by the spawner (engine/process/hook_spawner.py, the zygote's loop in exec mode), and both helpers keep a spare
-child that has already joined the call's cgroup (joining one is slow on cgroup v1, see bench/README.md). Only when
-neither is available (or with LIBREFANG_SPAWNER=0) does the worker spawn the hook itself, with `enter` as a preexec
-function: a full fork() of the worker instead of CPython's vfork.
+call's result carries the `sandbox.degraded` warning (sandbox.degraded_reasons()).
 """
 
 from __future__ import annotations
@@ -126,11 +125,6 @@ DEFAULT_MAX_DISK_MB = 1024
 _SANDBOX_OWN_PROCESSES = 2
 
 
-def network_isolation_available() -> bool:
-    """Whether this process may give hooks an empty network namespace. Probed once per process."""
-    return sandbox.network_isolation_available()
-
-
 def filesystem_isolation_available() -> bool:
     """Whether hooks get their own mount namespace (hidden home, read-only view). Probed once per process."""
     return sandbox.mode() is not None
@@ -160,7 +154,7 @@ def sandbox_spec(call: HookCall, env: dict[str, str], cgroup_dirs: tuple[str, ..
         n = (call.max_processes or DEFAULT_MAX_PROCESSES) + 1
         rlimits.append(("RLIMIT_NPROC", n, n))
     covers = hook_view.covers(call.allow_filesystem) if isolate else ()
-    new_net = not call.allow_network and network_isolation_available()
+    new_net = not call.allow_network and sandbox.network_isolation_available()
     launcher = hook_view.launcher_dirs(argv[0] if argv else None, covers) if isolate else []
     resolver = hook_view.resolver_files(covers, not new_net) if isolate else []
     return sandbox.SandboxSpec(
@@ -262,12 +256,11 @@ def _cap_utf8(text: str, cap: int) -> str:
     return data[:cap].decode("utf-8", errors="ignore")
 
 
-class SubprocessRuntime:
-    """A hook as a fresh process: exec'd by the spawner (a warm helper, so the worker never forks itself) or, when
-    there is none, spawned by the worker with `enter` as its preexec function. Everything before and after the start
-    is the same for every process runtime (`run`); subclasses only change `start`."""
+class ProcessRuntime:
+    """A hook in a fresh process of its own: forked from its zygote, exec'd by the spawner, or spawned by the worker
+    (the module's docstring)."""
 
-    name = "subprocess"
+    name = "process"
 
     def run(self, call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
         """Run the hook once. Never raises for anything the hook does; every failure is classified."""
@@ -295,7 +288,7 @@ class SubprocessRuntime:
         except (TypeError, ValueError) as exc:
             return fail(P.INVALID_INPUT, f"request is not JSON-serialisable: {exc}")
         spec = sandbox_spec(call, build_env(call), argv=argv, ids=ids)
-        result, oom_killed = self.start(call, argv, spec, payload, started, on_stderr)
+        result, oom_killed = self._start(call, argv, spec, payload, started, on_stderr)
         if oom_killed and result.failure is not None:
             result.failure.message = (f"memory limit exceeded ({call.max_memory_mb or DEFAULT_MAX_MEMORY_MB} MB, "
                                       f"the hook's cgroup); {result.failure.message}")
@@ -308,13 +301,18 @@ class SubprocessRuntime:
             result.warnings.append("data_disk: " + disk_note)
         return result
 
-    def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
-              on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
+    def _start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
+               on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
         """The hook's result, and whether its cgroup's memory limit killed something."""
         def fail(kind: str, message: str) -> tuple[HookResult, bool]:
             return (HookResult(False, failure=Failure(kind, message), elapsed_ms=(time.monotonic() - started) * 1000),
                     False)
 
+        if warmstart.applies(call, argv):
+            warm = warmstart.spawn(argv, spec, payload)  # None: no zygote can fork it right now
+            if warm is not None:
+                rest = payload[warm.stdin_written:]
+                return communicate(warm, rest, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
         problem = _check_executable(argv[0])
         if problem is not None:
             return fail(*problem)
@@ -351,37 +349,7 @@ class SubprocessRuntime:
             sandbox.cgroups.release(cgroup_dirs)
 
 
-class WarmStartRuntime(SubprocessRuntime):
-    """A python hook forked from the zygote of its interpreter and start-up environment (engine/process/warmstart.py),
-    its imports already done; a cold subprocess when that zygote cannot be had right now."""
-
-    name = "warm start"
-
-    def start(self, call: HookCall, argv: list[str], spec: sandbox.SandboxSpec, payload: bytes, started: float,
-              on_stderr: StderrCallback | None) -> tuple[HookResult, bool]:
-        warm = warmstart.spawn(argv, spec, payload)
-        if warm is None:
-            return super().start(call, argv, spec, payload, started, on_stderr)
-        rest = payload[warm.stdin_written:]
-        return communicate(warm, rest, call.timeout_secs, started, on_stderr), warm.oom_killed  # type: ignore[arg-type]
-
-
-SUBPROCESS = SubprocessRuntime()
-WARM_START = WarmStartRuntime()
-
-
-def process_runtime(call: HookCall) -> SubprocessRuntime:
-    """WARM_START for a python hook its zygote can fork (warmstart.applies), else SUBPROCESS."""
-    try:
-        argv = hook_argv(call, call.plugin_dir / call.script)
-    except LauncherNotFound:
-        return SUBPROCESS  # which reports it
-    return WARM_START if warmstart.applies(call, argv) else SUBPROCESS
-
-
-def run_hook(call: HookCall, on_stderr: StderrCallback | None = None) -> HookResult:
-    """Run the hook once in its own process (warm started when it can be)."""
-    return process_runtime(call).run(call, on_stderr)
+PROCESS = ProcessRuntime()
 
 
 def _resolve_program(program: str, spec: sandbox.SandboxSpec) -> str | None:

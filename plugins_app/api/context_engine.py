@@ -1,5 +1,7 @@
-"""Context-engine routes: the agent hook calls and metrics. Successful hook calls are answered before Django by
-plugins_app/api/hook_asgi.py; the routes here describe them (OpenAPI) and answer every refused one."""
+"""Context-engine routes: the agent hook calls and metrics. Over daphne, a hook call Django would hand to its route
+as it is (POST to a known hook, a Host it accepts, no cookies, a body within the limit) is answered before Django by
+plugins_app/api/hook_asgi.py, refusals included; the routes here describe every hook call (OpenAPI) and answer the
+others. Both parse and check a call with `agent_call`."""
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Schema
@@ -10,7 +12,7 @@ from engine.errors import validation_details
 from engine.hook_replies import HOOK_REPLY_MODELS
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.contract import body_of
-from plugins_app.api.errors import ApiError, json_body, json_response, parse_body
+from plugins_app.api.errors import ApiError, json_body, json_response, parse_json_object
 from plugins_app.api.security import ActionRouter, CachedHookAuth, actor
 from plugins_app.auth import check_agents
 from plugins_app.schemas import (
@@ -36,18 +38,37 @@ from plugins_app.services import plugins as plugin_service
 
 router = ActionRouter(tags=["context-engine"])
 # The agents' hook calls: one action, with the token looked up through the per-process cache.
-hooks = ActionRouter(tags=["context-engine"], action="hooks_call", auth_class=CachedHookAuth)
+HOOKS_ACTION = "hooks_call"
+hooks = ActionRouter(tags=["context-engine"], action=HOOKS_ACTION, auth_class=CachedHookAuth)
 
 
 def optional_body_openapi(schema: type[Schema]) -> dict:
     return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
 
 
+def agent_call(hook: str, token, body: bytes) -> hook_requests.AgentRequest:
+    """A hook call of the admitted `token`, parsed and checked once, on whichever path it came (this route or
+    plugins_app/api/hook_asgi.py): the body (413, 400 invalid_json), its shape against the hook's model (400
+    validation_error; engine/hook_requests.py `accept`, in any dialect), the agents a bound token may name (403).
+    Raises ApiError."""
+    call = validated(hook, parse_json_object(body))
+    check_agents(token, hook_requests.agent_ids(hook, call.request))
+    return call
+
+
 def validated(hook: str, data: dict) -> hook_requests.AgentRequest:
+    """The hook's request checked against its model (in any dialect); 400 validation_error otherwise."""
     try:
         return hook_requests.accept(hook, data)
     except hook_requests.ValidationError as exc:
         raise ApiError(400, "validation_error", f"invalid {hook} request", validation_details(exc.errors())) from exc
+
+
+def answer_response(answer: hook_service.Answer) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status, content_type="application/json")
+    for name, value in answer.headers.items():
+        response[name] = value
+    return response
 
 
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending the call again",
@@ -67,15 +88,8 @@ def _make_hook_route(hook: str):
         extra["responses"] = {"503": {"description": "not stored: the job bus is unreachable", "headers": RETRY_AFTER}}
 
     async def call(request: HttpRequest):
-        # One parse and one validation per call (the schema is declared for OpenAPI only, not re-parsed by ninja).
-        # Over daphne only refused calls get here (plugins_app/api/hook_asgi.py answers the others the same way).
-        agent_call = validated(hook, parse_body(request))
-        check_agents(request.auth, hook_requests.agent_ids(hook, agent_call.request))
-        status, reply, headers = await hook_service.answer(agent_call)
-        response = json_response(reply, status)
-        for name, value in headers.items():
-            response[name] = value
-        return response
+        # The schema is declared for OpenAPI only: ninja does not parse the body, agent_call does, once.
+        return answer_response(await hook_service.answer(agent_call(hook, request.auth, request.body)))
 
     call.__name__ = f"hook_{hook}"
     call.__doc__ = (f"Agent call for the `{hook}` hook. " + (

@@ -13,6 +13,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import ValidationError as PydanticValidationError
 
 from engine.errors import ServiceError, validation_details
+from plugins_app.bus import to_json
 
 
 class ApiError(ServiceError):
@@ -23,10 +24,10 @@ class ApiError(ServiceError):
 
 
 def json_response(data: Any, status: int = 200) -> HttpResponse:
-    """A JSON response that is not filtered through the response schema (hook results carry open-ended fields)."""
+    """A JSON response that is not filtered through the response schema (hook results carry open-ended fields),
+    encoded as every answer to an agent is (plugins_app/bus/job.py to_json)."""
 
-    return HttpResponse(json.dumps(data, ensure_ascii=False, default=str), status=status,
-                        content_type="application/json")
+    return HttpResponse(to_json(data), status=status, content_type="application/json")
 
 
 def envelope(code: str, message: str, details: Any = None) -> dict:
@@ -98,10 +99,15 @@ def _code_for(status: int) -> str:
 
 def parse_body(request: HttpRequest) -> dict:
     """The request body as a JSON object, or an ApiError with the envelope's code (413, 400 invalid_json)."""
-    if len(request.body) > settings.LIBREFANG_MAX_BODY_BYTES:
+    return parse_json_object(request.body)
+
+
+def parse_json_object(body: bytes) -> dict:
+    """parse_body of a body already read (the hook calls answered before Django, plugins_app/api/hook_asgi.py)."""
+    if len(body) > settings.LIBREFANG_MAX_BODY_BYTES:
         raise ApiError(413, "payload_too_large", f"request body exceeds {settings.LIBREFANG_MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(request.body or b"null")
+        data = json.loads(body or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:

@@ -1,36 +1,38 @@
 """The agents' hook calls (`POST /api[/v1]/context-engine/hooks/<hook>`) answered straight from ASGI: read the body,
-take the bearer token from the per-process cache (plugins_app/auth.py TokenCache), check the request once against
-its model (engine/hook_requests.py `accept`: in another dialect than LibreFang's, converted once), check that a
-token bound to agents names only its own (from the cached token, no query), call plugins_app/services/hooks.py and
-write the JSON answer. No Django middleware, URL resolving or thread hop on the way: those cost more CPU than the
-rest of the web tier's work.
+take the bearer token from the per-process cache (plugins_app/auth.py TokenCache), parse and check the call once
+(plugins_app/api/context_engine.py `agent_call`: the body, its model in any dialect, the agents a bound token may
+name), call plugins_app/services/hooks.py and write its answer: the worker's reply bytes as they came, with the
+headers Django's middleware would add. No Django middleware, URL resolving or thread hop on the way: those cost more
+CPU than the rest of the web tier's work.
 
-Only a call that will succeed is answered here. Everything else (another method or path, a Host Django would refuse,
-a body too large or not a valid request, a missing, unknown or under-privileged token, an agent the token is not
-bound to) goes on to Django with the body replayed, and the django-ninja route (plugins_app/api/context_engine.py,
-also the OpenAPI description) answers it exactly as before. An answer written here carries the headers Django's middleware would add
-(tests/app/test_api_hook_lean.py compares both paths); with settings this module does not stand in for (other
-middleware, HTTPS redirects or HSTS) every call goes to Django.
+A call Django would hand to its route as it is is answered here, refusals included (no, unknown or
+under-privileged token, a body that is not a valid request, an agent the token is not bound to), rendered by the
+API's own exception handlers (plugins_app/api/errors.py) and logged as Django logs them. Everything else (another
+method or path, a Host Django would refuse, cookies, a body too large, a repeated header) goes on to Django with
+the body replayed, and the django-ninja route (plugins_app/api/context_engine.py, also the OpenAPI description)
+answers it: each request is parsed once, on one path or the other. tests/app/test_api_hook_lean.py compares both
+paths; with settings this module does not stand in for (other middleware, HTTPS redirects or HSTS) every call goes
+to Django.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 
 from django.conf import settings
 from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
+from django.utils.log import log_response
+from ninja.errors import AuthenticationError
 
 from engine import hook_requests
 from engine.hooks import ALL_HOOKS
 from plugins_app.api.app import api
-from plugins_app.api.errors import envelope, json_response
-from plugins_app.auth import allows, bearer_token, refused_agents, token_cache
-from plugins_app.models import Role
+from plugins_app.api.context_engine import HOOKS_ACTION, agent_call
+from plugins_app.auth import admit, bearer_token, token_cache
 from plugins_app.services import hooks as hook_service
 
 log = logging.getLogger("librefang.api")
@@ -71,7 +73,8 @@ def _middleware_headers() -> list[tuple[bytes, bytes]] | None:
 
 
 class LeanHookRoutes:
-    """ASGI middleware: answers successful hook calls itself, passes everything else to `app` (Django)."""
+    """ASGI middleware: answers the hook calls Django would hand to the route as they are (refusals included) itself,
+    passes everything else to `app` (Django)."""
 
     def __init__(self, app):
         self.app = app
@@ -102,52 +105,57 @@ class LeanHookRoutes:
         if chunks is None:  # the client went away before sending its request: nobody to answer
             return
         body = b"".join(chunks)
-        if complete and headers is not None and _plain_request(headers, len(body), limit):
-            token = await _token(headers.get(b"authorization"))
-            call = _request_data(hook, body) if token is not None else None
-            if call is not None and refused_agents(token, hook_requests.agent_ids(hook, call.request)) is None:
-                return await self._answer(call, receive, send)
-        # Not a call that succeeds: Django answers, reading the same body.
-        return await self.app(scope, _replaying(body, complete, receive), send)
+        if not (complete and headers is not None and _plain_request(headers, len(body), limit)):
+            # Not a request Django would hand to the route as it is: Django answers, reading the same body.
+            return await self.app(scope, _replaying(body, complete, receive), send)
+        try:
+            call = agent_call(hook, await _token(headers.get(b"authorization")), body)
+        except Exception as exc:  # a refusal, or the token store failing: the route's answer either way
+            return await self._send_response(_rendered(scope, exc), send)
+        return await self._answer(scope, call, receive, send)
 
-    async def _answer(self, agent_call: hook_requests.AgentRequest, receive, send) -> None:
+    async def _answer(self, scope, call: hook_requests.AgentRequest, receive, send) -> None:
         # As Django's ASGIHandler: a client that disconnects while waiting cancels its call.
-        call = asyncio.ensure_future(self._call_and_send(agent_call, send))
+        answering = asyncio.ensure_future(self._call_and_send(scope, call, send))
         listener = asyncio.ensure_future(_disconnected(receive))
         try:
-            await asyncio.wait([call, listener], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([answering, listener], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (listener, call):
+            for task in (listener, answering):
                 if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-        if call.done() and not call.cancelled():
-            call.result()
+        if answering.done() and not answering.cancelled():
+            answering.result()
 
-    async def _call_and_send(self, agent_call: hook_requests.AgentRequest, send) -> None:
+    async def _call_and_send(self, scope, call: hook_requests.AgentRequest, send) -> None:
         try:
-            status, reply, extra = await hook_service.answer(agent_call)
-            response = json_response(reply, status)
-            for name, value in extra.items():
-                response[name] = value
-        except Exception:
-            log.exception("unhandled API error")
-            response = _internal_error()
-        content = response.content
+            answer = await hook_service.answer(call)
+        except Exception as exc:
+            return await self._send_response(_rendered(scope, exc), send)  # the route's 500 envelope
+        head = [(b"Content-Type", b"application/json")]
+        head += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()]
+        await self._send(answer.status, head, answer.body, send)
+
+    async def _send_response(self, response: HttpResponse, send) -> None:
         head = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+        await self._send(response.status_code, head, response.content, send)
+
+    async def _send(self, status: int, head: list[tuple[bytes, bytes]], body: bytes, send) -> None:
         head += self._extra or []
-        head.append((b"Content-Length", str(len(content)).encode()))
+        head.append((b"Content-Length", str(len(body)).encode()))
         with contextlib.suppress(OSError):  # the client went away meanwhile
-            await send({"type": "http.response.start", "status": response.status_code, "headers": head})
-            await send({"type": "http.response.body", "body": content})
+            await send({"type": "http.response.start", "status": status, "headers": head})
+            await send({"type": "http.response.body", "body": body})
 
 
-def _internal_error():
-    """The route's 500, rendered as django-ninja's exception handler renders it (plugins_app/api/errors.py)."""
-    body = api.renderer.render(None, envelope("internal_error", "Unexpected server error; see the service log."),
-                               response_status=500)
-    return HttpResponse(body, status=500, content_type=api.get_content_type())
+def _rendered(scope, exc: Exception) -> HttpResponse:
+    """What the route answers for `exc`, rendered by the API's exception handlers (plugins_app/api/errors.py: 401,
+    403, 400, 413, or 500 logged with its traceback) and logged as Django logs an error answer."""
+    response = api.on_exception(None, exc)
+    log_response("%s: %s", response.reason_phrase, scope.get("path", ""), response=response)
+    return response
 
 
 async def _read_body(receive, limit: int) -> tuple[list[bytes] | None, bool]:
@@ -218,18 +226,9 @@ def _plain_request(headers: dict[bytes, bytes], size: int, limit: int) -> bool:
 
 
 async def _token(authorization: bytes | None):
-    """The token of a `Bearer` header if it may call hooks, else None (Django then says 401 or 403)."""
+    """The token of a `Bearer` header when it may call hooks; AuthenticationError (401) or a 403 ServiceError."""
     raw = bearer_token(authorization)
-    if not raw:
-        return None
-    found = await token_cache.lookup(raw)
-    return found if found is not None and allows(found, Role.AGENT) else None
-
-
-def _request_data(hook: str, body: bytes) -> hook_requests.AgentRequest | None:
-    """The agent's request if it is valid for `hook`, parsed and checked once; None otherwise."""
-    try:
-        data = json.loads(body or b"null")
-        return hook_requests.accept(hook, data) if isinstance(data, dict) else None
-    except (ValueError, UnicodeDecodeError, RecursionError, hook_requests.ValidationError):
-        return None
+    found = admit(await token_cache.lookup(raw), HOOKS_ACTION) if raw else None
+    if found is None:
+        raise AuthenticationError()
+    return found

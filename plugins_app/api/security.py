@@ -11,8 +11,7 @@ from ninja import Router
 from ninja.constants import NOT_SET
 from ninja.security import HttpBearer
 
-from plugins_app.api.errors import ApiError
-from plugins_app.auth import ACTION_ROLES, bearer_token, describe_role, lookup, role_may, token_cache
+from plugins_app.auth import ACTION_ROLES, admit, bearer_token, lookup, token_cache
 
 
 class TokenAuth(HttpBearer):
@@ -37,13 +36,8 @@ class TokenAuth(HttpBearer):
 
     def admit(self, found):
         """The token's row when it may call this route; None (401) for an unknown token; 403 when its role falls
-        short."""
-        if found is None:
-            return None
-        if not role_may(found.role, self.required):
-            raise ApiError(403, "forbidden", f"this route needs {describe_role(self.required)}; the token has "
-                                             f"{found.role}")
-        return found
+        short (plugins_app/auth.py admit)."""
+        return admit(found, self.action)
 
 
 class CachedHookAuth(TokenAuth):

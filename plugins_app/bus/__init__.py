@@ -7,10 +7,11 @@ them; a worker XACKs a job only after its outcome is stored. Read it in this ord
 - clients.py   the sync and asyncio clients, REDIS_DOWN and the exceptions callers catch, one resilient
                subscription loop (the reply listener's, and the live feeds' in plugins_app/events.py)
 - signing.py   the shared key and the HMAC every job, control entry and reply carries
-- job.py       the fields of one job (job_fields) and the Job a worker reads back (parse_job)
+- job.py       the fields of one job (job_fields), the Job a worker reads back (parse_job), the Reply it answers
+               with (status + JSON body, passed on to an agent as it is)
 - replay.py    at most once per job id: the claim a worker takes on each job it reads, replays refused
-- hub.py       web side, per event loop: the writer task that pipelines XADDs, the one reply listener, drain
-- submit.py    web side: enqueue, submit_and_wait, submit_and_wait_sync (`agent=`: the caller routes by agent)
+- hub.py       web side: enqueue, submit_and_wait, submit_and_wait_sync (`agent=`: the caller routes by agent),
+               through one hub per event loop (the writer task that pipelines XADDs, the one reply listener, drain)
 - status.py    ping, live workers, queue depth (health, dashboard, CLI)
 - affinity.py  agent affinity (docs/scale-out.md): host ids, rendezvous choice, moving a dead host's jobs; which
                jobs ask for it is the caller's decision (plugins_app/services/affinity.py)
@@ -32,19 +33,19 @@ from plugins_app.bus.clients import (
     subscribe_forever,
 )
 from plugins_app.bus.control import prewarm
-from plugins_app.bus.hub import drain, replies_reachable
-from plugins_app.bus.job import JOB_ORIGIN, PINNED_KINDS, Job, job_fields, parse_job
+from plugins_app.bus.hub import drain, enqueue, replies_reachable, submit_and_wait, submit_and_wait_sync
+from plugins_app.bus.job import FAILED, JOB_ORIGIN, PINNED_KINDS, Job, Reply, job_fields, parse_job, to_json
 from plugins_app.bus.keys import GROUP, heartbeat_key, host_stream_key, prefixed_key, reply_key, stream_key
 from plugins_app.bus.replay import SEEN_WINDOW_SECS
 from plugins_app.bus.signing import bus_key, bus_key_path, open_reply, seal_reply, sign, signature_ok
 from plugins_app.bus.status import live_workers, ping, queue_stats, worker_alive
 from plugins_app.bus.stream import JobStream
-from plugins_app.bus.submit import enqueue, submit_and_wait, submit_and_wait_sync
 
 __all__ = [
-    "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "SEEN_WINDOW_SECS", "BusCapacity", "BusDraining",
-    "BusUnavailable", "Job", "JobStream", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue",
+    "FAILED", "GROUP", "JOB_ORIGIN", "PINNED_KINDS", "REDIS_DOWN", "SEEN_WINDOW_SECS", "BusCapacity", "BusDraining",
+    "BusUnavailable", "Job", "JobStream", "Reply", "aclient", "bus_key", "bus_key_path", "client", "drain", "enqueue",
     "heartbeat_key", "host_for", "host_stream_key", "job_fields", "live_workers", "open_reply", "parse_job", "ping",
     "prefixed_key", "prewarm", "queue_stats", "replies_reachable", "reply_key", "seal_reply", "sign", "signature_ok",
-    "stream_key", "submit_and_wait", "submit_and_wait_sync", "subscribe_forever", "worker_alive", "worker_host_id",
+    "stream_key", "submit_and_wait", "submit_and_wait_sync", "subscribe_forever", "to_json", "worker_alive",
+    "worker_host_id",
 ]

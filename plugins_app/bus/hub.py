@@ -1,24 +1,26 @@
-"""The web side of the job stream, one hub per event loop (one per web process under daphne).
+"""The web side of the job stream: queueing jobs (enqueue, submit_and_wait, and submit_and_wait_sync for threads)
+through one hub per event loop (one per web process under daphne).
 
 XADDs go through one writer task that pipelines whatever is queued, so a burst queues instead of exhausting a pool.
 Blocking hooks carry a deadline and a reply channel: the hub keeps ONE subscriber connection on its own channel and
-resolves waiting calls by job id, so a waiting call holds no Redis connection; the worker also pushes the reply onto
-a short-lived list, read when the subscriber was reconnecting.
+resolves waiting calls by job id with the worker's Reply (plugins_app/bus/job.py), so a waiting call holds no Redis
+connection; the worker also pushes the reply onto a short-lived list, read when the subscriber was reconnecting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
+import time
 import uuid
+from typing import Any
 
 import redis.asyncio as aredis
 from django.conf import settings
 
-from plugins_app.bus.affinity import LiveHosts
+from plugins_app.bus.affinity import LiveHosts, route, route_sync
 from plugins_app.bus.clients import (
     ASYNC_OPTIONS,
     REDIS_DOWN,
@@ -26,8 +28,10 @@ from plugins_app.bus.clients import (
     BusCapacity,
     BusDraining,
     BusUnavailable,
+    client,
     subscribe_forever,
 )
+from plugins_app.bus.job import Reply, job_fields, job_fields_async
 from plugins_app.bus.keys import reply_channel_prefix, reply_key, stream_key
 from plugins_app.bus.signing import open_reply
 
@@ -49,7 +53,7 @@ class Hub:
                                                       timeout=SOCKET_TIMEOUT_SECS, **ASYNC_OPTIONS)
         self.r = aredis.Redis(connection_pool=pool)
         self.outbox: asyncio.Queue[tuple[str, dict[str, str], asyncio.Future]] = asyncio.Queue(maxsize=OUTBOX_MAX)
-        self.waiters: dict[str, asyncio.Future] = {}
+        self.waiters: dict[str, asyncio.Future[Reply]] = {}
         self.delivered: list[str] = []  # reply lists to delete (their reply already came by the channel)
         self.subscribed = False
         self.draining = ""
@@ -124,13 +128,12 @@ class Hub:
     def deliver(self, job_id: str, sealed: str) -> bool:
         """Resolve the call waiting for `job_id` with a sealed reply; one that is unsigned, tampered with or meant
         for another job is dropped (False), and the call waits on for the worker's reply or its deadline."""
-        data = open_reply(job_id, sealed)
-        if data is None:
-            log.error("dropped a reply to job %s: its signature is missing or does not match", job_id[:64])
+        reply = genuine(job_id, sealed)
+        if reply is None:
             return False
         fut = self.waiters.get(job_id)
         if fut is not None and not fut.done():
-            fut.set_result(json.loads(data))
+            fut.set_result(reply)
         return True
 
     async def _sweep(self) -> None:
@@ -170,7 +173,7 @@ class Hub:
         if len(self.delivered) >= 200 or (quiet and self.delivered):
             await self._drop_delivered()
 
-    async def wait(self, job_id: str, fut: asyncio.Future, timeout: float) -> dict | None:
+    async def wait(self, job_id: str, fut: asyncio.Future[Reply], timeout: float) -> Reply | None:
         try:
             return await asyncio.wait_for(fut, max(0.01, timeout))
         except TimeoutError:
@@ -181,12 +184,25 @@ class Hub:
             return first_genuine(job_id, pushed)
 
 
-def first_genuine(job_id: str, pushed: list[str]) -> dict | None:
+def genuine(job_id: str, sealed: str) -> Reply | None:
+    """The Reply of a sealed reply to `job_id`; None (logged) when it is unsigned, tampered with or meant for another
+    job, or not a Reply (a worker of another version)."""
+    data = open_reply(job_id, sealed)
+    if data is None:
+        log.error("dropped a reply to job %s: its signature is missing or does not match", job_id[:64])
+        return None
+    reply = Reply.from_wire(data)
+    if reply is None:
+        log.error("dropped a reply to job %s: not a status and body (a worker of another version?)", job_id[:64])
+    return reply
+
+
+def first_genuine(job_id: str, pushed: list[str]) -> Reply | None:
     """The first reply of a reply list that verifies (whatever else was pushed there), or None."""
     for sealed in pushed or []:
-        data = open_reply(job_id, sealed)
-        if data is not None:
-            return json.loads(data)
+        reply = genuine(job_id, sealed)
+        if reply is not None:
+            return reply
     return None
 
 
@@ -220,3 +236,56 @@ def drain(reason: str) -> None:
     for hub in list(_hubs.values()):
         hub.drain(reason)
 
+
+
+# ---- queueing jobs ----
+
+async def enqueue(hook: str, request: Any, *, kind: str = "hook", plugin: str = "",
+                  store_within: float = 5.0, agent: str | None = None) -> str:
+    """Fire-and-forget: once this returns the job is in Redis and is processed at least once. `agent`: route it
+    to that agent's worker host (agent affinity, plugins_app/bus/affinity.py; the caller decides).
+    Raises BusUnavailable / BusCapacity when it could not be stored."""
+    hub = current_hub()
+    job_id, fields = await job_fields_async(kind, hook, request, None, False, plugin)
+    await hub.xadd(fields, store_within, await route(agent, hub.hosts, hub.r) if agent else "")
+    return job_id
+
+
+async def submit_and_wait(hook: str, request: Any, wait_secs: float, *, kind: str = "hook",
+                          plugin: str = "", deadline_secs: float | None = None,
+                          agent: str | None = None) -> Reply | None:
+    """Enqueue a blocking job and wait for its Reply; None when no reply came within `wait_secs`. `agent` as
+    for enqueue. Raises BusUnavailable / BusCapacity when the job could not be stored."""
+    hub = current_hub()
+    hub.ensure_running()
+    job_id, fields = await job_fields_async(kind, hook, request, deadline_secs or wait_secs, True, plugin,
+                                            reply_to=hub.channel)
+    started = time.monotonic()
+    fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    hub.waiters[job_id] = fut
+    try:
+        await hub.xadd(fields, wait_secs, await route(agent, hub.hosts, hub.r) if agent else "")
+        return await hub.wait(job_id, fut, wait_secs - (time.monotonic() - started))
+    finally:
+        hub.waiters.pop(job_id, None)
+
+
+def submit_and_wait_sync(kind: str, hook: str, request: Any, wait_secs: float, *, plugin: str = "",
+                         agent: str | None = None) -> Reply | None:
+    """The blocking form of submit_and_wait, for sync callers (routes that run in a thread, commands); its job goes
+    to the same stream as submit_and_wait's would (`agent` included)."""
+    job_id, fields = job_fields(kind, hook, request, wait_secs, True, plugin)
+    r = client()
+    try:
+        r.xadd(route_sync(agent, r), fields)
+    except REDIS_DOWN as exc:
+        raise BusUnavailable(f"Redis unreachable ({type(exc).__name__}: {exc})") from exc
+    end = time.monotonic() + wait_secs
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        got = r.blpop([reply_key(job_id)], timeout=max(0.01, min(left, 5.0)))
+        reply = first_genuine(job_id, [got[1]]) if got else None
+        if reply is not None:  # anything else pushed there (unsigned, another job's) is dropped: wait on
+            return reply

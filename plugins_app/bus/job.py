@@ -1,4 +1,5 @@
-"""One job: the signed fields that go into a stream entry (job_fields) and the Job a worker reads back (parse_job)."""
+"""One job: the signed fields that go into a stream entry (job_fields), the Job a worker reads back (parse_job) and the
+Reply it answers with."""
 
 from __future__ import annotations
 
@@ -12,6 +13,52 @@ from typing import Any
 from plugins_app.bus.clients import BusUnavailable
 from plugins_app.bus.keys import reply_channel_prefix, stream_key
 from plugins_app.bus.signing import sign, signature_ok
+
+
+def to_json(data: Any) -> str:
+    """The JSON of every answer an agent gets (a worker's Reply, the web tier's own answers, the routes'
+    json_response): characters as they are, anything else as text. One encoding, so that a worker's reply goes out
+    to the agent as it came."""
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+# Reply.status of a job that failed in the worker (an engine error, a refused plugin): its body says why, in text.
+FAILED = 500
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A worker's answer to a job, as it travels (sealed over the job id, plugins_app/bus/signing.py) and as the
+    caller waiting for it gets it: `status`, the HTTP status of the answer (200; 502 for a hook that aborted the
+    turn) or FAILED, and `body`, the answer's JSON text (FAILED: why), passed on to an agent as it is."""
+
+    status: int
+    body: str
+
+    @classmethod
+    def of(cls, data: Any, status: int = 200) -> Reply:
+        return cls(status, to_json(data))
+
+    @classmethod
+    def failure(cls, why: str) -> Reply:
+        return cls(FAILED, why)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+    def data(self) -> Any:
+        """The body, parsed (callers that read what an answer says rather than pass it on)."""
+        return json.loads(self.body)
+
+    def wire(self) -> str:
+        """What is sealed and sent: the status, a newline, the body."""
+        return f"{self.status}\n{self.body}"
+
+    @classmethod
+    def from_wire(cls, text: str) -> Reply | None:
+        status, sep, body = text.partition("\n")
+        return cls(int(status), body) if sep and status.isdigit() else None
 
 
 @dataclass

@@ -73,12 +73,12 @@ def _reply_mac(job_id: str, data: str) -> str:
 
 
 def seal_reply(job_id: str, data: str) -> str:
-    """The reply as it travels: its signature, a newline, the JSON."""
+    """The reply as it travels: its signature, a newline, its text (a job's: plugins_app/bus/job.py Reply.wire)."""
     return _reply_mac(job_id, data) + "\n" + data
 
 
 def open_reply(job_id: str, sealed: str) -> str | None:
-    """The JSON of a sealed reply to `job_id`; None when it is unsigned, tampered with or meant for another job."""
+    """The text of a sealed reply to `job_id`; None when it is unsigned, tampered with or meant for another job."""
     mac, sep, data = sealed.partition("\n")
     if not sep or len(mac) != 64:
         return None

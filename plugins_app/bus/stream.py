@@ -20,7 +20,7 @@ import redis
 
 from plugins_app.bus import affinity, control
 from plugins_app.bus.clients import REDIS_DOWN, client
-from plugins_app.bus.job import Job, parse_job
+from plugins_app.bus.job import Job, Reply, parse_job
 from plugins_app.bus.keys import (
     GROUP,
     REPLY_TTL_SECS,
@@ -57,7 +57,7 @@ return 1
 @dataclass
 class _Deferred:
     """Outcomes a worker could not hand to Redis (it was down): sent when it is back."""
-    replies: list[tuple[Job, dict]] = field(default_factory=list)
+    replies: list[tuple[Job, Reply]] = field(default_factory=list)
     acks: list[Job] = field(default_factory=list)
 
 
@@ -172,18 +172,18 @@ class JobStream:
 
     # -- outcomes --
 
-    def reply(self, job: Job, payload: dict) -> None:
+    def reply(self, job: Job, reply: Reply) -> None:
         """Hand the reply to the waiting web process; kept for later if Redis is unreachable."""
         try:
-            self._send_reply(job, json.dumps(payload))
+            self._send_reply(job, reply)
         except REDIS_DOWN:
             log.warning("Redis unreachable: reply to job %s deferred", job.id)
             with self._lock:
-                self._deferred.replies.append((job, payload))
+                self._deferred.replies.append((job, reply))
 
-    def _send_reply(self, job: Job, data: str) -> None:
-        self._reply_script(keys=[reply_key(job.id)],
-                           args=[seal_reply(job.id, data), REPLY_TTL_SECS, job.reply_to or "", job.id], client=self.r)
+    def _send_reply(self, job: Job, reply: Reply) -> None:
+        self._reply_script(keys=[reply_key(job.id)], args=[seal_reply(job.id, reply.wire()), REPLY_TTL_SECS,
+                                                          job.reply_to or "", job.id], client=self.r)
 
     def ack(self, job: Job) -> bool:
         """XACK + XDEL. If Redis is unreachable the ack is kept and retried (the outcome is already stored, so a
@@ -241,9 +241,9 @@ class JobStream:
             pending, self._deferred = self._deferred, _Deferred()
         try:
             while pending.replies:
-                job, payload = pending.replies[0]
+                job, reply = pending.replies[0]
                 if not job.deadline or time.time() < job.deadline + REPLY_TTL_SECS:
-                    self._send_reply(job, json.dumps(payload))
+                    self._send_reply(job, reply)
                 pending.replies.pop(0)
             while pending.acks:
                 self._send_ack(pending.acks[0])

@@ -53,12 +53,13 @@ async def call_hook(tool: str, hook: str, args: dict[str, Any], token: ApiToken)
         raise McpToolError.of(refused)
     origin = bus.JOB_ORIGIN.set(ORIGIN)
     try:
-        status, body, headers = await hook_service.answer(call)
+        answer = await hook_service.answer(call)
     finally:
         bus.JOB_ORIGIN.reset(origin)
-    if status >= 400:  # 503: the job bus is down (retry); 502: a plugin aborted the turn
+    body, headers = answer.data(), answer.headers
+    if answer.status >= 400:  # 503: the job bus is down (retry); 502: a plugin aborted the turn
         err = body.get("error", {})
-        details = {**(err.get("details") or {}), "http_status": status, **({"retry_after_secs": int(
+        details = {**(err.get("details") or {}), "http_status": answer.status, **({"retry_after_secs": int(
             headers["Retry-After"])} if "Retry-After" in headers else {})}
         raise McpToolError(err.get("code", "error"), err.get("message", f"{hook} failed"), details)
     return body

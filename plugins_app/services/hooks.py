@@ -1,10 +1,13 @@
-"""Agent hook calls as the web tier answers them: enqueue to a worker, wait until the deadline, else fall back."""
+"""Agent hook calls as the web tier answers them: enqueue to a worker, wait until the deadline, else fall back. The
+answer (`Answer`) carries the worker's reply as it came: status and JSON body, never parsed here."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -30,8 +33,26 @@ CAPACITY = "capacity"
 SHUTTING_DOWN = "shutting_down"
 
 
-async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, extra headers) for an agent's hook call."""
+@dataclass(frozen=True)
+class Answer:
+    """What an agent gets for a hook call: the status, the JSON body as it goes out (a worker's reply is passed on
+    as the worker made it, plugins_app/bus/job.py Reply) and the headers beyond Content-Type (Retry-After)."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Answer:
+        return cls(status, bus.to_json(data).encode(), headers or {})
+
+    def data(self) -> Any:
+        """The body, parsed (for callers that read the answer: MCP tools, a dialect's conversion)."""
+        return json.loads(self.body)
+
+
+async def call_hook(hook: str, request: dict[str, Any]) -> Answer:
+    """The answer to an agent's hook call."""
     if hook in H.FIRE_AND_FORGET_HOOKS:
         return await _enqueue(hook, request)
     policy = hook_policy()
@@ -54,25 +75,18 @@ async def call_hook(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, 
     except Exception as exc:  # Redis refused the command (out of memory, read-only replica…): still an answer
         log.warning("bus error for %s: %s", hook, exc)
         reply, reason = None, f"{BUS_UNAVAILABLE}: Redis refused the job ({type(exc).__name__}: {exc})"
-    if reply is not None and reply.get("aborted"):
-        # on_hook_failure = "abort": the agent gets an error, not a fallback (LibreFang aborts the turn)
-        err = reply.get("error") or {}
-        return 502, {"error": {"code": "hook_aborted",
-                               "message": f"{err.get('plugin', 'a plugin')} failed its {hook} hook and its "
-                                          f"on_hook_failure policy is abort: {err.get('message', '')}".strip(),
-                               "details": {**err, "trace_ids": reply.get("trace_ids", [])}}}, {}
-    if reply is not None and "_engine_error" not in reply:
-        return 200, reply, {}
+    if reply is not None and not reply.failed:  # the worker's answer (a 502 when a plugin aborted the turn)
+        return Answer(reply.status, reply.body.encode())
     if reply is not None:
-        reason = f"engine_error: {reply['_engine_error']}"
+        reason = f"engine_error: {reply.body}"
     elif reason.startswith((BUS_UNAVAILABLE, CAPACITY)):  # no worker will ever record this job: we do
         await sync_to_async(_record_web_fallback, thread_sensitive=False)(hook, reason)
     body = await sync_to_async(policy.fallback, thread_sensitive=False)(hook, request, reason)
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
-    return 200, body, {}
+    return Answer.of(body)
 
 
-async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+async def _enqueue(hook: str, request: dict[str, Any]) -> Answer:
     """202 only once the job is in Redis; otherwise 503 + Retry-After so the agent sends it again."""
     try:
         job_id = await bus.enqueue(hook, request, store_within=STORE_WITHIN_SECS, agent=agent_to_route(request))
@@ -84,17 +98,17 @@ async def _enqueue(hook: str, request: dict[str, Any]) -> tuple[int, dict[str, A
                    if unavailable else f"Too many jobs are waiting to be stored; this {hook} call was not stored.")
         body = {"error": {"code": code, "message": message,
                           "details": {"cause": str(exc), "retry_after_secs": RETRY_AFTER_SECS}}}
-        return 503, body, {"Retry-After": str(RETRY_AFTER_SECS)}
-    return 202, {"accepted": True, "job_id": job_id, "hook": hook}, {}
+        return Answer.of(body, 503, {"Retry-After": str(RETRY_AFTER_SECS)})
+    return Answer.of({"accepted": True, "job_id": job_id, "hook": hook}, 202)
 
 
-async def answer(call: AgentRequest) -> tuple[int, dict[str, Any], dict[str, str]]:
+async def answer(call: AgentRequest) -> Answer:
     """call_hook for an agent's checked request (engine/hook_requests.py `accept`): the answer's messages go back in
-    the dialect the agent sent (engine/dialects.py)."""
-    status, body, headers = await call_hook(call.hook, call.request)
-    if status == 200 and call.conversion is not None:
-        body = call.reply(body)
-    return status, body, headers
+    the dialect the agent sent (engine/dialects.py), the one case where the web tier reads the worker's reply."""
+    found = await call_hook(call.hook, call.request)
+    if found.status == 200 and call.conversion is not None:
+        return Answer.of(call.reply(found.data()), found.status, found.headers)
+    return found
 
 
 def _record_web_fallback(hook: str, reason: str) -> None:
@@ -123,8 +137,7 @@ async def test_hook(plugin: str, hook: str, request: dict[str, Any], timeout: fl
         return _error(P.WORKER_UNAVAILABLE, f"job bus unreachable: {exc}")
     if reply is None:
         return _error(P.WORKER_UNAVAILABLE, f"no worker answered within {timeout:g}s")
-    if "_engine_error" in reply:
-        message = str(reply["_engine_error"])
-        kind = P.PLUGIN_DISABLED if message.startswith(P.PLUGIN_DISABLED) else "engine_error"
-        return _error(kind, message)
-    return reply
+    if reply.failed:
+        kind = P.PLUGIN_DISABLED if reply.body.startswith(P.PLUGIN_DISABLED) else "engine_error"
+        return _error(kind, reply.body)
+    return reply.data()

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError
 
@@ -21,12 +22,15 @@ from engine import protocol as P
 from engine.plugins.bundles import BundleError
 from engine.ports import CURRENT_ORIGIN
 from plugins_app.batching import take_lingering
-from plugins_app.bus import SEEN_WINDOW_SECS, Job, JobStream
+from plugins_app.bus import SEEN_WINDOW_SECS, Job, JobStream, Reply
 from plugins_app.models import JobRecord
 from plugins_app.services import audit
 from plugins_app.services.connections import refresh_connections
 from plugins_app.services.engine import engine_for_job
 from plugins_app.services.recording import DbInvocationSink
+
+if TYPE_CHECKING:
+    from engine.stack import EngineReply
 
 log = logging.getLogger("librefang.worker")
 
@@ -70,14 +74,15 @@ def process(job: Job, stream: JobStream, outcomes: OutcomeWriter | None = None) 
     try:
         if job.kind == "test_hook":
             attempt = engine.test_hook(job.plugin, job.hook, job.request or {})
-            payload = {**attempt.result.to_dict(), "trace_id": attempt.trace_id, "plugin": attempt.plugin,
-                       "hook": attempt.hook}
+            reply = Reply.of({**attempt.result.to_dict(), "trace_id": attempt.trace_id, "plugin": attempt.plugin,
+                              "hook": attempt.hook})
             source, reason = job.plugin, (str(attempt.failure) if attempt.failure else "")
         # ---- WASM tool execution (job kind "tool", see plugins_app/services/tools.py) ----
         elif job.kind == "tool":
             from plugins_app.services.tools import run_tool_job
 
             payload = run_tool_job(job.request)
+            reply = Reply.of(payload)
             source = f"tool:{job.plugin}"
             reason = str(payload.get("error") or payload.get("_tool_error", {}).get("message") or "")
         # ---- end of the tool branch ----
@@ -85,26 +90,42 @@ def process(job: Job, stream: JobStream, outcomes: OutcomeWriter | None = None) 
             from plugins_app.services.plugins import run_install_deps
 
             payload = run_install_deps(job.plugin)
+            reply = Reply.of(payload)
             source, reason = job.plugin, "" if payload.get("ok") else str(payload.get("error") or "")
         elif job.kind == "install_tool":  # an uploaded archive is unpacked here, under limits, never in the web tier
             from plugins_app.services.tools import run_install_job
 
             payload, source, reason = run_install_job(job.request)
+            reply = Reply.of(payload)
         else:
             with _origin(job):
-                reply = engine.handle(job.hook, job.request or {}, job_id=job.id)
-            payload = reply.to_dict()
-            source, reason = reply.source, reply.fallback_reason or ""
-            if reply.aborted and reply.error:  # on_hook_failure = "abort": the agent gets an error, not a fallback
-                reason = f"aborted: {reply.error.get('plugin')}: {reply.error.get('cause')}: {reply.error.get('message')}"
+                answer = engine.handle(job.hook, job.request or {}, job_id=job.id)
+            reply = agent_reply(job.hook, answer)
+            source, reason = answer.source, answer.fallback_reason or ""
+            if answer.aborted and answer.error:
+                reason = (f"aborted: {answer.error.get('plugin')}: {answer.error.get('cause')}: "
+                          f"{answer.error.get('message')}")
     except Exception as exc:  # an engine bug must not kill the worker or lose the job's answer
         log.exception("job %s (%s) failed", job.id, job.hook)
         if job.wants_reply:
-            stream.reply(job, {"_engine_error": f"{type(exc).__name__}: {exc}"})
+            stream.reply(job, Reply.failure(f"{type(exc).__name__}: {exc}"))
         return finish(job, stream, JobRecord.State.FAILED, "", f"{type(exc).__name__}: {exc}", outcomes)
     if job.wants_reply:
-        stream.reply(job, payload)
+        stream.reply(job, reply)
     return finish(job, stream, JobRecord.State.DONE, source, reason, outcomes)
+
+
+def agent_reply(hook: str, answer: EngineReply) -> Reply:
+    """What the agent gets for its hook call, made here once and passed on by the web tier as it is: the engine's
+    result, or, when a plugin's on_hook_failure = "abort" aborted the turn (LibreFang), a 502 error instead of a
+    fallback."""
+    if not answer.aborted:
+        return Reply.of(answer.to_dict())
+    err = answer.error or {}
+    message = (f"{err.get('plugin', 'a plugin')} failed its {hook} hook and its on_hook_failure policy is abort: "
+               f"{err.get('message', '')}").strip()
+    return Reply.of({"error": {"code": "hook_aborted", "message": message,
+                               "details": {**err, "trace_ids": answer.trace_ids}}}, 502)
 
 
 PLUGIN_HOOK_KINDS = ("hook", "test_hook")
@@ -118,7 +139,7 @@ def _plugin_enabled(engine, name: str) -> bool:
 def _fail(job: Job, stream: JobStream, source: str, reason: str, outcomes: OutcomeWriter | None) -> str:
     log.warning("job %s (%s) refused: %s", job.id, job.hook, reason)
     if job.wants_reply:
-        stream.reply(job, {"_engine_error": reason})
+        stream.reply(job, Reply.failure(reason))
     return finish(job, stream, JobRecord.State.FAILED, source, reason, outcomes)
 
 

@@ -237,13 +237,12 @@ def install_deps(name: str, actor: str, via_worker: bool = True) -> dict:
                           [f.to_dict() for f in entry.problems])
     if via_worker:
         try:
-            data = bus.submit_and_wait_sync("install_deps", "", {}, INSTALL_DEPS_WAIT_SECS, plugin=name)
+            reply = bus.submit_and_wait_sync("install_deps", "", {}, INSTALL_DEPS_WAIT_SECS, plugin=name)
         except Exception as exc:
             raise PluginError("worker_unavailable", f"the job bus is unreachable: {exc}", 503) from exc
-        if data is None:
+        if reply is None:
             raise PluginError("worker_unavailable", f"no worker answered within {INSTALL_DEPS_WAIT_SECS}s", 503)
-        if "_engine_error" in data:
-            data = {"ok": False, "success": False, "error": data["_engine_error"]}
+        data = {"ok": False, "success": False, "error": reply.body} if reply.failed else reply.data()
     else:
         data = run_install_deps(name)
     ok = bool(data.get("success", data.get("ok", False)))

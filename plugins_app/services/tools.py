@@ -67,20 +67,24 @@ async def install(actor: str, *, chunks: Iterable[bytes] | None = None, url: str
     else:
         request["staged"] = await sync_to_async(stage_package, thread_sensitive=False)(chunks or ())
     try:
-        reply = await bus.submit_and_wait("install", request, INSTALL_WAIT_SECS, kind=INSTALL_JOB_KIND,
-                                          deadline_secs=INSTALL_WAIT_SECS)
+        got = await bus.submit_and_wait("install", request, INSTALL_WAIT_SECS, kind=INSTALL_JOB_KIND,
+                                        deadline_secs=INSTALL_WAIT_SECS)
     except Exception as exc:  # Redis down or full
         log.warning("bus unavailable for a tool install: %s", exc)
+        got = None
         reply = {"_tool_error": {"code": "worker_unavailable", "status": 503,
                                  "message": f"job bus unreachable ({type(exc).__name__})"}}
+    else:
+        if got is None:
+            reply = {"_tool_error": {"code": "worker_unavailable", "status": 504,
+                                     "message": f"no worker answered within {INSTALL_WAIT_SECS:g}s"}}
+        elif got.failed:
+            reply = {"_tool_error": {"code": "engine_error", "status": 500, "message": got.body}}
+        else:
+            reply = got.data()
     finally:
         if "staged" in request:  # the worker is done with it, or too late to start (the job's deadline passed)
             (T.incoming_dir(home()) / request["staged"]).unlink(missing_ok=True)
-    if reply is None:
-        reply = {"_tool_error": {"code": "worker_unavailable", "status": 504,
-                                 "message": f"no worker answered within {INSTALL_WAIT_SECS:g}s"}}
-    elif "_engine_error" in reply:
-        reply = {"_tool_error": {"code": "engine_error", "status": 500, "message": reply["_engine_error"]}}
     record = sync_to_async(audit.record)
     if "_tool_error" in reply:
         err = reply["_tool_error"]
@@ -164,17 +168,18 @@ async def execute(tool_id: str, input_text: str) -> tuple[int, dict[str, Any]]:
         raise T.ToolError(f"tool {tool_id!r} is disabled", code="tool_disabled", status=409)
     budget = policy().max_execution_ms / 1000
     try:
-        reply = await bus.submit_and_wait("tool", {"tool": tool_id, "input": input_text}, budget + REPLY_MARGIN_SECS,
-                                          kind=JOB_KIND, plugin=tool_id, deadline_secs=budget + REPLY_MARGIN_SECS)
+        got = await bus.submit_and_wait("tool", {"tool": tool_id, "input": input_text}, budget + REPLY_MARGIN_SECS,
+                                        kind=JOB_KIND, plugin=tool_id, deadline_secs=budget + REPLY_MARGIN_SECS)
     except Exception as exc:  # Redis down
         log.warning("bus unavailable for tool %s: %s", tool_id, exc)
         return 503, {"ok": False, "output": "", "error": f"job bus unreachable ({type(exc).__name__})",
                      "kind": "worker_unavailable"}
-    if reply is None:
+    if got is None:
         return 504, {"ok": False, "output": "", "error": f"no worker answered within {budget + REPLY_MARGIN_SECS:g}s",
                      "kind": "worker_unavailable"}
-    if "_engine_error" in reply:
-        return 500, {"ok": False, "output": "", "error": reply["_engine_error"], "kind": "engine_error"}
+    if got.failed:
+        return 500, {"ok": False, "output": "", "error": got.body, "kind": "engine_error"}
+    reply = got.data()
     if "_tool_error" in reply:
         err = reply["_tool_error"]
         raise T.ToolError(err["message"], code=err["code"], status=err["status"])

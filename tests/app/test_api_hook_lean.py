@@ -1,6 +1,7 @@
 """The hook routes' lean ASGI path (plugins_app/api/hook_asgi.py) answers exactly as the django-ninja route it stands
 in front of (plugins_app/api/context_engine.py): each request goes through both, and status, headers and body must
-be equal. Refused calls must reach Django; successful ones must not. The web tier's deadline and fallback
+be equal. A call Django would hand to the route as it is, refused or not, is answered on the lean path (parsed once
+there); any other request reaches Django (parsed once there). The web tier's deadline and fallback
 (engine/hook_policy.py) follow the engine's own rules (engine/stack.py)."""
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def canned(monkeypatch):
         answer = state["answer"]
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        status, body, headers = answer
+        return hook_service.Answer.of(body, status, headers)
 
     monkeypatch.setattr(hook_service, "call_hook", fake)
     return state
@@ -211,35 +213,38 @@ async def test_a_body_sent_in_chunks_is_read_whole(apps, tokens, canned):
     assert canned["calls"][-1] == ("ingest", VALID[H.INGEST])
 
 
-# ---- refused calls: passed on to Django, which answers as before ----
+# ---- refused calls: answered as the route answers them, on the lean path when Django would hand them to the route
+# as they are, by Django otherwise ----
 
 def refused_cases(tokens):
+    """{case: (request, whether the lean path answers it)}."""
     agent, viewer = tokens[Role.AGENT], tokens[Role.VIEWER]
     ingest = json.dumps(VALID[H.INGEST]).encode()
     return {
-        "no token": dict(path=PATH + "ingest", body=ingest),
-        "unknown token": dict(path=PATH + "ingest", body=ingest, token="lf_not-a-token"),
-        "empty bearer": dict(path=PATH + "ingest", body=ingest, token=""),
-        "basic scheme": dict(path=PATH + "ingest", body=ingest, headers=[(b"authorization", b"Basic eDp5")]),
-        "viewer token (403)": dict(path=PATH + "ingest", body=ingest, token=viewer),
-        "viewer token, v1 (403)": dict(path="/api/v1/context-engine/hooks/ingest", body=ingest, token=viewer),
-        "invalid json": dict(path=PATH + "ingest", body=b"{nope", token=agent),
-        "empty body": dict(path=PATH + "ingest", body=b"", token=agent),
-        "not an object": dict(path=PATH + "ingest", body=b"[1, 2]", token=agent),
-        "nested too deep": dict(path=PATH + "ingest", body=b"[" * 100_000 + b"]" * 100_000, token=agent),
-        "not utf-8": dict(path=PATH + "ingest", body=b'{"agent_id": "\xff"}', token=agent),
-        "wrong shape": dict(path=PATH + "ingest", body=b'{"agent_id": 5}', token=agent),
-        "wrong shape after_turn": dict(path=PATH + "after_turn", body=b'{"agent_id": "a", "messages": 3}',
-                                       token=agent),
-        "unknown hook (404)": dict(path=PATH + "nope", body=ingest, token=agent),
-        "trailing slash": dict(path=PATH + "ingest/", body=ingest, token=agent),
-        "GET (405)": dict(path=PATH + "ingest", method="GET", token=agent),
-        "PUT (405)": dict(path=PATH + "ingest", body=ingest, method="PUT", token=agent),
-        "host not allowed (400)": dict(path=PATH + "ingest", body=ingest, token=agent, host=b"evil.example"),
-        "two authorization headers": dict(path=PATH + "ingest", body=ingest, token=agent,
-                                          headers=[(b"authorization", b"Bearer lf_other")]),
-        "content-length not a number": dict(path=PATH + "ingest", body=ingest, token=agent,
-                                            headers=[(b"content-length", b"12x")]),
+        "no token": (dict(path=PATH + "ingest", body=ingest), True),
+        "unknown token": (dict(path=PATH + "ingest", body=ingest, token="lf_not-a-token"), True),
+        "empty bearer": (dict(path=PATH + "ingest", body=ingest, token=""), True),
+        "basic scheme": (dict(path=PATH + "ingest", body=ingest, headers=[(b"authorization", b"Basic eDp5")]), True),
+        "viewer token (403)": (dict(path=PATH + "ingest", body=ingest, token=viewer), True),
+        "viewer token, v1 (403)": (dict(path="/api/v1/context-engine/hooks/ingest", body=ingest, token=viewer),
+                                   True),
+        "invalid json": (dict(path=PATH + "ingest", body=b"{nope", token=agent), True),
+        "empty body": (dict(path=PATH + "ingest", body=b"", token=agent), True),
+        "not an object": (dict(path=PATH + "ingest", body=b"[1, 2]", token=agent), True),
+        "nested too deep": (dict(path=PATH + "ingest", body=b"[" * 100_000 + b"]" * 100_000, token=agent), True),
+        "not utf-8": (dict(path=PATH + "ingest", body=b'{"agent_id": "\xff"}', token=agent), True),
+        "wrong shape": (dict(path=PATH + "ingest", body=b'{"agent_id": 5}', token=agent), True),
+        "wrong shape after_turn": (dict(path=PATH + "after_turn", body=b'{"agent_id": "a", "messages": 3}',
+                                        token=agent), True),
+        "unknown hook (404)": (dict(path=PATH + "nope", body=ingest, token=agent), False),
+        "trailing slash": (dict(path=PATH + "ingest/", body=ingest, token=agent), False),
+        "GET (405)": (dict(path=PATH + "ingest", method="GET", token=agent), False),
+        "PUT (405)": (dict(path=PATH + "ingest", body=ingest, method="PUT", token=agent), False),
+        "host not allowed (400)": (dict(path=PATH + "ingest", body=ingest, token=agent, host=b"evil.example"), False),
+        "two authorization headers": (dict(path=PATH + "ingest", body=ingest, token=agent,
+                                           headers=[(b"authorization", b"Bearer lf_other")]), False),
+        "content-length not a number": (dict(path=PATH + "ingest", body=ingest, token=agent,
+                                             headers=[(b"content-length", b"12x")]), False),
     }
 
 
@@ -247,13 +252,26 @@ CASES = list(refused_cases({r: "" for r in Role}).keys())
 
 
 @pytest.mark.parametrize("case", CASES)
-async def test_refused_calls_reach_the_route_and_get_its_answer(apps, tokens, canned, case):
-    kwargs = refused_cases(tokens)[case]
+async def test_refused_calls_get_the_routes_answer_parsed_on_one_path(apps, tokens, canned, case):
+    kwargs, lean = refused_cases(tokens)[case]
     plain, answered, passed_on = await both(apps, **kwargs)
-    assert passed_on == 1
+    assert passed_on == (0 if lean else 1)
     assert answered == plain
     assert plain["status"] in (400, 401, 403, 404, 405, 500) or (case == "trailing slash" and plain["status"])
     assert canned["calls"] == []  # no hook was called for any of them
+
+
+async def test_a_refusal_answered_on_the_lean_path_is_logged_as_django_logs_it(apps, tokens, canned, caplog):
+    """Django logs every answer of 400 and above ("Unauthorized: /path"); the lean path's refusals are logged alike."""
+    body = json.dumps(VALID[H.INGEST]).encode()
+    django_app, lean = apps
+    for app in (django_app, lean):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="django.request"):
+            r = await asgi(app, PATH + "ingest", body, token=tokens[Role.VIEWER])
+        assert r["status"] == 403
+        assert [(rec.levelname, rec.getMessage()) for rec in caplog.records if rec.name == "django.request"] == [
+            ("WARNING", "Forbidden: /api/context-engine/hooks/ingest")]
 
 
 async def test_a_body_over_the_limit_gets_the_routes_413(apps, tokens, canned, settings):
@@ -275,7 +293,7 @@ async def test_a_revoked_token_is_refused_once_its_cache_entry_expires(apps, tok
     for key, (_expires, token) in list(token_cache.entries.items()):
         token_cache.entries[key] = (0.0, token)
     plain, answered, passed_on = await both(apps, PATH + "ingest", body, token=raw)
-    assert passed_on == 1 and answered == plain and plain["status"] == 401
+    assert passed_on == 0 and answered == plain and plain["status"] == 401
     assert json.loads(plain["body"])["error"]["code"] == "unauthorized"
 
 

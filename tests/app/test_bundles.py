@@ -192,7 +192,7 @@ def test_a_worker_without_the_plugin_runs_exactly_the_version_the_job_names(home
     def run(job) -> str:
         assert job.signed
         assert jobs.process(job, stream) == "done"
-        reply = json.loads(bus.open_reply(job.id, stream.r.lrange(bus.reply_key(job.id), 0, -1)[0]))
+        reply = bus.Reply.from_wire(bus.open_reply(job.id, stream.r.lrange(bus.reply_key(job.id), 0, -1)[0])).data()
         return reply["memories"][0]["content"]
 
     new, old = run(new_job), run(old_job)

@@ -36,7 +36,7 @@ def echo_worker(stream: bus.JobStream, jobs: int, *, drop_channel: bool = False)
                 assert job.signed
                 if drop_channel:
                     job.reply_to = ""  # as if the web process's listener was away when the reply came
-                stream.reply(job, {"echo": job.request})
+                stream.reply(job, bus.Reply.of({"echo": job.request}))
                 stream.ack(job)
                 done += 1
 
@@ -54,7 +54,7 @@ def new_stream() -> bus.JobStream:
 async def test_it_answers_many_waiting_calls_through_one_listener(prefix):
     worker = echo_worker(new_stream(), 200)
     replies = await asyncio.gather(*(bus.submit_and_wait("ingest", {"n": i}, 20) for i in range(200)))
-    assert [r["echo"]["n"] for r in replies] == list(range(200))  # each call got its own reply
+    assert [r.data()["echo"]["n"] for r in replies] == list(range(200))  # each call got its own reply
     worker.join(5)
     hub = current_hub()
     assert not hub.waiters
@@ -67,7 +67,7 @@ async def test_it_reads_a_reply_the_listener_missed_from_its_list(prefix):
     echo_worker(new_stream(), 1, drop_channel=True)
     started = time.monotonic()
     reply = await bus.submit_and_wait("ingest", {"n": 1}, 1.5)
-    assert reply == {"echo": {"n": 1}}
+    assert reply == bus.Reply(200, '{"echo": {"n": 1}}')
     assert time.monotonic() - started < 5
 
 
@@ -84,18 +84,20 @@ async def test_it_reports_an_unreachable_redis_at_once(prefix, settings):
 @pytest.mark.django_db
 async def test_it_answers_503_with_retry_after_for_after_turn_it_could_not_store(prefix, settings, home):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
-    status, body, headers = await hook_service.call_hook(
+    answer = await hook_service.call_hook(
         "after_turn", {"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
-    assert status == 503
-    assert headers["Retry-After"] == str(hook_service.RETRY_AFTER_SECS)
+    assert answer.status == 503
+    assert answer.headers["Retry-After"] == str(hook_service.RETRY_AFTER_SECS)
+    body = answer.data()
     assert body["error"]["code"] == "bus_unavailable" and "not stored" in body["error"]["message"]
 
 
 @pytest.mark.django_db(transaction=True)
 async def test_it_falls_back_with_the_reason_when_redis_is_unreachable(prefix, settings, home):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
-    status, body, _ = await hook_service.call_hook("ingest", {"agent_id": "a", "message": "m", "peer_id": None})
-    assert status == 200 and body["source"] == "default"
+    answer = await hook_service.call_hook("ingest", {"agent_id": "a", "message": "m", "peer_id": None})
+    body = answer.data()
+    assert answer.status == 200 and body["source"] == "default"
     assert body["fallback_reason"].startswith("bus_unavailable: Redis unreachable")
     from plugins_app.models import JobRecord
 

@@ -104,8 +104,8 @@ def test_it_never_runs_a_test_hook_of_a_disabled_plugin_even_when_signed(stream,
     assert job.signed
     assert jobs.process(job, stream) == JobRecord.State.FAILED
     assert not marker.exists()
-    reply = json.loads(bus.open_reply(job.id, stream.r.lpop(bus.reply_key(job.id))))
-    assert reply["_engine_error"].startswith("plugin_disabled")
+    reply = bus.Reply.from_wire(bus.open_reply(job.id, stream.r.lpop(bus.reply_key(job.id))))
+    assert reply.failed and reply.body.startswith("plugin_disabled")
     assert stream.r.xlen(stream.stream) == 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -25,9 +24,9 @@ def job_for(hook, request, deadline_in=60.0):
                    deadline=time.time() + deadline_in, wants_reply=True)
 
 
-def reply_of(stream, job):
+def reply_of(stream, job) -> bus.Reply | None:
     raw = stream.r.lrange(bus.reply_key(job.id), 0, -1)
-    return json.loads(bus.open_reply(job.id, raw[0])) if raw else None
+    return bus.Reply.from_wire(bus.open_reply(job.id, raw[0])) if raw else None
 
 
 @pytest.fixture
@@ -42,10 +41,14 @@ def test_it_replies_with_the_abort_error_and_records_why(home, stream):
     write_config(home.root, plugin="strict")
     job = job_for("assemble", {"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
     assert jobs.process(job, stream) == JobRecord.State.DONE
-    reply = reply_of(stream, job)
-    assert reply["aborted"] is True and reply["source"] == "strict"
-    assert reply["error"] == {"kind": "aborted", "plugin": "strict", "hook": "assemble", "cause": "script_error",
-                              "message": "exit code 4: nope"}
+    reply = reply_of(stream, job)  # what the agent gets, as the web tier passes it on
+    assert reply.status == 502
+    error = reply.data()["error"]
+    assert error["code"] == "hook_aborted"
+    assert error["message"] == "strict failed its assemble hook and its on_hook_failure policy is abort: exit code 4: nope"
+    assert error["details"] == {"kind": "aborted", "plugin": "strict", "hook": "assemble", "cause": "script_error",
+                                "message": "exit code 4: nope", "trace_ids": error["details"]["trace_ids"]}
+    assert len(error["details"]["trace_ids"]) == 1
     record = JobRecord.objects.get(job_id=job.id)
     assert record.fallback_reason == "aborted: strict: script_error: exit code 4: nope"
 
@@ -55,7 +58,7 @@ def test_it_replies_with_the_fallback_under_warn(home, stream):
     write_config(home.root, plugin="lenient")
     job = job_for("assemble", {"agent_id": "a", "messages": [{"role": "user", "content": "hi"}]})
     jobs.process(job, stream)
-    reply = reply_of(stream, job)
+    reply = reply_of(stream, job).data()
     assert "aborted" not in reply and reply["source"] == "default"
     assert reply["messages"] == [{"role": "user", "content": "hi"}]
     assert JobRecord.objects.get(job_id=job.id).fallback_reason == "lenient: script_error: exit code 4: nope"

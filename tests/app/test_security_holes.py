@@ -14,7 +14,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from engine import protocol as P
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 from engine.wasm import tools as T
 from tests.app.tool_worker import tool_worker_fixture  # noqa: F401 (the tool_worker fixture)
@@ -60,7 +60,7 @@ def test_it_answers_a_hook_printing_deeply_nested_json_with_the_text_fallback(tm
     call = HookCall(plugin_dir=plugin, script="hooks/ingest.py", runtime=resolve_tag("python"),
                     request={"type": "ingest", "message": "hi", "agent_id": "a1"}, timeout_secs=30,
                     data_dir=tmp_path / "data")
-    result = run_hook(call)
+    result = PROCESS.run(call)
     assert result.ok, result.failure
     assert result.reply == {"text": "[" * DEEP + "]" * DEEP}
     json.dumps(result.to_dict())  # the reply travels on as JSON without a RecursionError

@@ -158,18 +158,17 @@ async def test_jobs_of_an_agent_go_to_one_live_host_when_its_plugin_asks_for_aff
     r = bus.client()
     for agent in ("agent-1", "agent-2", "agent-3", "agent-4"):
         for _ in range(3):  # as an agent's call comes in (plugins_app/services/hooks.py decides the routing)
-            status, _body, _headers = await hooks.call_hook("after_turn", {"agent_id": agent, "messages": []})
-            assert status == 202
+            assert (await hooks.call_hook("after_turn", {"agent_id": agent, "messages": []})).status == 202
         home_stream = bus.host_stream_key(bus.host_for(agent, ["hostA", "hostB"]))
         entries = r.xrange(home_stream)
         assert sum(json.loads(f["request"])["agent_id"] == agent for _, f in entries) == 3
     counts = {s.host: r.xlen(s.host_stream) for s in (a, b)}
     assert sum(counts.values()) == 12 and r.xlen(bus.stream_key()) == 0
     # a job without an agent, and every job once the configured plugin asks for no affinity, use the shared stream
-    assert (await hooks.call_hook("after_turn", {"messages": []}))[0] == 202
+    assert (await hooks.call_hook("after_turn", {"messages": []})).status == 202
     write_config(home.root, plugin="loose")
     affinity.forget()
-    assert (await hooks.call_hook("after_turn", {"agent_id": "agent-1", "messages": []}))[0] == 202
+    assert (await hooks.call_hook("after_turn", {"agent_id": "agent-1", "messages": []})).status == 202
     assert r.xlen(bus.stream_key()) == 2 and sum(r.xlen(s.host_stream) for s in (a, b)) == 12
     # the test console routes by the plugin it names, whatever the configuration (no worker answers: unavailable)
     agent_stream = bus.host_stream_key(bus.host_for("agent-1", ["hostA", "hostB"]))
@@ -192,7 +191,7 @@ def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
         while not seen:
             for job in chosen.read(count=1, block_ms=200):
                 seen.append(job)
-                chosen.reply(job, {"echo": job.request})
+                chosen.reply(job, bus.Reply.of({"echo": job.request}))
                 chosen.ack(job)
 
     worker = threading.Thread(target=answer_one, daemon=True)
@@ -200,7 +199,7 @@ def test_sync_callers_route_jobs_by_agent_affinity_like_async_ones(home):
     request = {"agent_id": "agent-7", "message": "m"}  # the caller decides the routing, as services/hooks.py does
     reply = bus.submit_and_wait_sync("hook", "ingest", request, 20, agent=affinity.agent_to_route(request))
     worker.join(5)
-    assert reply == {"echo": {"agent_id": "agent-7", "message": "m"}}
+    assert reply.data() == {"echo": {"agent_id": "agent-7", "message": "m"}}
     (job,) = seen
     assert job.key[0] == chosen.host_stream  # the agent's host stream, not the shared one
 

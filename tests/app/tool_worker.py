@@ -30,7 +30,7 @@ def tool_worker_fixture():
                 if job.kind == INSTALL_JOB_KIND and getattr(job, "signed", True):
                     payload, _source, _reason = run_install_job(job.request)
                     ran.append(job.request)
-                    stream.reply(job, payload)
+                    stream.reply(job, bus.Reply.of(payload))
                 stream.ack(job)
 
     thread = threading.Thread(target=loop, name="tool-worker", daemon=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.plugins.loader import manifest_sha256
 from engine.plugins.permissions import MemoryApprovals
-from engine.process.runner import HookCall, HookResult, run_hook
+from engine.process.runner import PROCESS, HookCall, HookResult
 from engine.process.runtimes import resolve_tag
 
 
@@ -27,7 +27,7 @@ def run(plugin_dir: Path, source: str, request=None, *, runtime: str = "python",
     call = HookCall(plugin_dir=plugin_dir, script=script, runtime=resolve_tag(runtime),
                     request=request if request is not None else {"type": "ingest", "message": "hi", "agent_id": "a1"},
                     timeout_secs=timeout, data_dir=plugin_dir.parent / "data", **kw)
-    return run_hook(call, on_stderr=on_stderr)
+    return PROCESS.run(call, on_stderr=on_stderr)
 
 
 def pid_alive(pid: int) -> bool:

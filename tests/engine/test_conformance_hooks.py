@@ -7,6 +7,8 @@ import json
 
 from engine import protocol as P
 from engine.home import Home
+from engine.invoke import Verdict, invoke
+from engine.plugins.catalog import Catalog
 from engine.stack import ContextEngine, EngineDeps
 from tests.engine.helpers import approve
 from tests.plugin_factory import make_plugin, write_config
@@ -115,6 +117,40 @@ def test_assemble_restores_dropped_pinned_messages_and_says_so(engine, ehome, si
     warning = "pinned message #0 (system) was dropped by the plugin and has been restored"
     assert reply.warnings == [warning]
     assert sinks["invocations"].items[-1].annotations == {"warnings": [warning]}
+
+
+def test_a_cached_assemble_reply_is_judged_as_the_fresh_one_was(engine, ehome, sinks):
+    """The reply cache keeps what the plugin answered, not what the engine made of it: an answer from the cache is
+    judged again (its pinned messages put back and said), the plugin not run."""
+    single(ehome, "dropper", {"assemble": recorder("assemble", '{"messages": req["messages"][1:]}')},
+           toml_extra="assemble_cache_ttl_secs = 60")
+    fresh = engine.handle("assemble", {"agent_id": "a1", "messages": MSGS})
+    cached = engine.handle("assemble", {"agent_id": "a1", "messages": MSGS})
+    assert len(requests_seen(ehome, "dropper", "assemble")) == 1
+    assert cached.result == fresh.result and cached.result["messages"] == MSGS
+    assert cached.warnings == fresh.warnings == ["pinned message #0 (system) was dropped by the plugin and has been "
+                                                 "restored"]
+    assert cached.source == fresh.source == "dropper" and cached.fallback_reason is None
+
+
+def test_invoke_returns_the_callers_verdict_on_the_reply(ehome, sinks):
+    """engine/invoke.py: the caller's judge sees each successful reply before it is recorded; what it took from it
+    comes back with the attempt, its warnings go on the trace, and its failure is the attempt's."""
+    make_plugin(ehome.plugins_dir, "judged", {"ingest": recorder("ingest", '{"memories": []}')})
+    entry = Catalog(ehome).get("judged")
+    request = {"agent_id": "a1", "message": "m"}
+
+    def call(judge):
+        return invoke(entry, "ingest", request, home=ehome, invocations=sinks["invocations"], stderr=sinks["stderr"],
+                      judge=judge)
+
+    taken = call(lambda reply: Verdict(result={"took": reply}, warnings=("looked at it",)))
+    assert taken.ok and taken.verdict == Verdict({"took": {"memories": []}}, None, ("looked at it",))
+    assert sinks["invocations"].items[-1].annotations == {"warnings": ["looked at it"]}
+    refused = call(lambda reply: Verdict(failure="not what this call needs"))
+    assert not refused.ok and refused.verdict.failure == "not what this call needs"
+    assert (refused.failure.kind, refused.failure.message) == (P.INVALID_OUTPUT, "not what this call needs")
+    assert sinks["invocations"].items[-1].error_kind == P.INVALID_OUTPUT
 
 
 def test_assemble_falls_back_on_an_empty_list_and_counts_it_as_a_failure(engine, ehome, sinks):

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from engine import protocol as P
-from engine.process.runner import BLOCKED_ENV_VARS, network_isolation_available
+from engine.process.runner import BLOCKED_ENV_VARS
+from engine.process.sandbox import network_isolation_available
 from engine.protocol import EmptyOutput, parse_output
 from tests.engine.helpers import pid_alive, run
 from tests.waiting import wait_until
@@ -360,9 +361,9 @@ def test_it_kills_running_hooks_when_the_worker_is_sigkilled(spawn_mode, pdir, t
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
-        from engine.process.runner import HookCall, run_hook
+        from engine.process.runner import PROCESS, HookCall
         from engine.process.runtimes import resolve_tag
-        run_hook(HookCall(Path({str(pdir)!r}), "hooks/hook.py", resolve_tag("python"), {{}}, 300))
+        PROCESS.run(HookCall(Path({str(pdir)!r}), "hooks/hook.py", resolve_tag("python"), {{}}, 300))
     """)
     worker = subprocess.Popen([sys.executable, "-c", driver])
     try:

@@ -22,7 +22,7 @@ import pytest
 from engine.home import Home
 from engine.plugins.install import uninstall
 from engine.process import data_disk_images, data_disks, hook_dirs, identity, native_spare, sandbox, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def call(home: Path, name: str, request: dict | None = None, disk_mb: int = 32, 
     (pdir / "hooks" / "probe.py").write_text(PROBE)
     (pdir / "plugin.toml").write_text(f'name = "{name}"\nversion = "1.0.0"\n[hooks]\nruntime = "python"\n'
                                       'ingest = "hooks/probe.py"\n')
-    result = run_hook(HookCall(plugin_dir=pdir, script="hooks/probe.py", runtime=resolve_tag("python"),
+    result = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/probe.py", runtime=resolve_tag("python"),
                                request=request or {}, timeout_secs=60, data_dir=home / "plugin_data" / name,
                                home_dir=home, max_disk_mb=disk_mb, **kw))
     assert result.ok, (result.failure, result.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.process import native_spare, sandbox, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 from tests.engine.test_warmstart import PROBE
 
@@ -66,7 +66,7 @@ def _cold(monkeypatch, native: bool | str, pdir: Path, home: Path, script: str =
     call = HookCall(plugin_dir=pdir, script=script, runtime=resolve_tag(runtime),
                     request={"agent_id": "a1", "message": "hi"}, timeout_secs=30,
                     data_dir=home / "plugin_data" / "probe", home_dir=home, **kw)
-    return run_hook(call)
+    return PROCESS.run(call)
 
 
 def test_cold_hooks_run_below_the_native_program_once_the_shape_is_known(tmp_path, monkeypatch, program):
@@ -107,7 +107,7 @@ def test_a_warm_hooks_init_is_the_programs_init_mode_beside_it(tmp_path, monkeyp
         monkeypatch.setenv(native_spare.SWITCH, "1" if native else "0")
         warmstart.shutdown()
         for _ in range(3):  # the first on demand, the next ones from prepared spares
-            r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+            r = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
                                   request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
             assert r.ok, (r.failure, r.stderr)
             assert r.reply["me"] == 2 and r.reply["pids"] == [1, 2], r.reply
@@ -128,7 +128,7 @@ def test_a_build_without_an_init_mode_leaves_warm_hooks_a_forked_init(tmp_path, 
     monkeypatch.setenv(native_spare.SWITCH, str(older))
     warmstart.shutdown()
     for _ in range(3):
-        r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+        r = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
                               timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
         assert r.ok, (r.failure, r.stderr)
         assert r.reply["parent"] == 1 and r.reply["init"] != "lfinit/1" and r.reply["pids"] == [1, 2], r.reply

@@ -13,7 +13,7 @@ from engine.invoke import hook_call_for
 from engine.plugins.catalog import Catalog
 from engine.prewarm import warm_plugin
 from engine.process import warmstart
-from engine.process.runner import run_hook
+from engine.process.runner import PROCESS
 from tests.plugin_factory import make_plugin
 
 ECHO = "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'type': 'ok', 'ppid': os.getppid()}))\n"
@@ -41,7 +41,7 @@ def test_it_starts_the_zygote_the_next_call_is_forked_from(home):
     pids = warmstart.zygote_pids()
     assert len(pids) == 1 and os.path.exists(f"/proc/{pids[0]}")
     call = hook_call_for(entry, "ingest", {"agent_id": "a", "message": "hi"}, home)
-    result = run_hook(call)
+    result = PROCESS.run(call)
     assert result.ok, result.failure
     assert warmstart.zygote_pids() == pids  # the call found the prewarmed zygote: none other was started
 

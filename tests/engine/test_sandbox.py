@@ -22,7 +22,7 @@ from engine.invoke import invoke
 from engine.plugins.catalog import Catalog
 from engine.plugins.lint import lint_plugin
 from engine.process import native_spare, runner, sandbox, sandbox_libc, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 
 pytestmark = pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests")
@@ -67,7 +67,7 @@ def mode(request, monkeypatch, home):
     primer = home / "plugins" / "primer"
     (primer / "hooks").mkdir(parents=True, exist_ok=True)
     (primer / "hooks" / "hook.py").write_text("import sys\nsys.stdin.read()\nprint('{}')\n")
-    primed = run_hook(HookCall(plugin_dir=primer, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+    primed = PROCESS.run(HookCall(plugin_dir=primer, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
                                timeout_secs=20, data_dir=home / "plugin_data" / "primer", home_dir=home))
     assert primed.ok, (primed.failure, primed.stderr)
     shutil.rmtree(primer)
@@ -81,7 +81,7 @@ def test_a_helpers_first_call_is_contained_too(home, warm, monkeypatch):
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if warm else "0")
     warmstart.shutdown()
     try:
-        r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+        r = PROCESS.run(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
         assert r.ok, (r.failure, r.stderr)
         assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
         assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
@@ -154,7 +154,7 @@ print(json.dumps(out))
 
 
 def test_a_python_hook_reads_nothing_in_home_but_its_own_dirs(home, mode):
-    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    r = PROCESS.run(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
     assert r.ok, (r.failure, r.stderr)
     assert r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}
     assert r.reply["listing"] == ["plugin_data", "plugins"] and r.reply["up"] == ["plugin_data", "plugins"]
@@ -176,7 +176,7 @@ def test_a_bash_hook_reads_nothing_in_home_but_its_own_dirs(home):
     done
     echo "{\\"found\\": \\"$found\\", \\"listing\\": \\"$(ls "$home" | tr '\\n' ' ')\\", \\"kept\\": \\"$(cat kept.txt)\\"}"
     """
-    r = run_hook(call(home, src, runtime="bash"))
+    r = PROCESS.run(call(home, src, runtime="bash"))
     assert r.ok, (r.failure, r.stderr)
     assert r.reply == {"found": "", "listing": "plugin_data plugins ", "kept": "mine"}
 
@@ -196,7 +196,7 @@ def test_allow_filesystem_false_keeps_home_hidden_and_only_the_data_dir_writable
     out["secret"] = os.path.exists(os.path.join(req["home"], "api_token"))
     print(json.dumps(out))
     """
-    r = run_hook(call(home, src, allow_filesystem=False))
+    r = PROCESS.run(call(home, src, allow_filesystem=False))
     assert r.ok, (r.failure, r.stderr)
     home_refusal = r.reply.pop("home")  # (this test's home is below /tmp: its path there is the hook's private /tmp's)
     assert home_refusal in ("Read-only file system", "Permission denied")
@@ -229,7 +229,7 @@ def _assert_only_its_own_places_writable(r) -> None:
 
 
 def test_every_mount_a_hook_sees_is_read_only_but_its_own_places(home, mode):
-    _assert_only_its_own_places_writable(run_hook(call(home, MOUNTS)))
+    _assert_only_its_own_places_writable(PROCESS.run(call(home, MOUNTS)))
 
 
 def test_without_mount_setattr_every_mount_is_remounted_read_only(home, monkeypatch):
@@ -239,8 +239,8 @@ def test_without_mount_setattr_every_mount_is_remounted_read_only(home, monkeypa
     monkeypatch.setenv("LIBREFANG_SPAWNER", "0")
     monkeypatch.setattr(sandbox_libc, "_SYS_MOUNT_SETATTR", None)
     monkeypatch.setattr(sandbox_libc, "_setattr_works", [])
-    _assert_only_its_own_places_writable(run_hook(call(home, MOUNTS)))
-    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    _assert_only_its_own_places_writable(PROCESS.run(call(home, MOUNTS)))
+    r = PROCESS.run(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
     assert r.ok and r.reply["read"] == {rel: "FileNotFoundError" for rel in SECRETS}, (r.failure, r.stderr)
     assert r.reply["plugin_dir"] == "Read-only file system" and r.reply["state"] == '{"n": 1}'
 
@@ -249,7 +249,7 @@ def test_a_linked_plugin_dir_is_bound_back_where_the_hook_expects_it(home, tmp_p
     real = tmp_path / "dev-checkout"
     shutil.move(home / "plugins" / "mine", real)
     (home / "plugins" / "mine").symlink_to(real)
-    r = run_hook(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
+    r = PROCESS.run(call(home, READ_EVERYTHING, request={"home": str(home), "secrets": list(SECRETS)}))
     assert r.ok, (r.failure, r.stderr)
     assert r.reply["kept"] == "mine" and set(r.reply["read"].values()) == {"FileNotFoundError"}
 
@@ -281,7 +281,7 @@ def test_a_hook_sees_no_service_process_nor_its_environment(home, mode, monkeypa
     monkeypatch.setenv("LF_TEST_CANARY", canary)  # in the service's (this process's) environment
     warmstart.shutdown()  # zygotes start from the current environment
     service_pids = [os.getpid(), os.getppid()]
-    r = run_hook(call(home, LOOK_AROUND, request={"canary": canary, "service_pids": service_pids}))
+    r = PROCESS.run(call(home, LOOK_AROUND, request={"canary": canary, "service_pids": service_pids}))
     assert r.ok, (r.failure, r.stderr)
     assert r.reply["canary"] == []
     assert set(r.reply["pids"]) <= {1, 2, 3}  # init and the hook (python may have a helper)
@@ -311,7 +311,7 @@ def test_a_double_forked_setsid_daemon_dies_when_the_hook_ends(home, mode):
     time.sleep(0.3)
     print(json.dumps({{"spawned": True}}))
     """
-    r = run_hook(call(home, src))
+    r = PROCESS.run(call(home, src))
     assert r.ok and r.reply == {"spawned": True}, (r.failure, r.stderr)
     assert gone(marker)
 
@@ -324,7 +324,7 @@ def test_a_bash_setsid_background_job_dies_when_the_hook_ends(home):
     sleep 0.3
     echo '{{"spawned": true}}'
     """
-    r = run_hook(call(home, src, runtime="bash"))
+    r = PROCESS.run(call(home, src, runtime="bash"))
     assert r.ok and r.reply == {"spawned": True}, (r.failure, r.stderr)
     assert gone(f"1000.{stamp}")
 
@@ -340,7 +340,7 @@ def test_a_daemon_started_by_a_hook_that_times_out_dies_with_it(home, mode):
     time.sleep(300)
     """
     started = time.monotonic()
-    r = run_hook(call(home, src, timeout_secs=2))
+    r = PROCESS.run(call(home, src, timeout_secs=2))
     assert r.failure is not None and r.failure.kind == P.TIMEOUT
     assert time.monotonic() - started < 15
     assert "started" in r.stderr
@@ -356,7 +356,7 @@ def test_a_grandchild_holding_the_pipes_neither_delays_the_call_nor_survives_it(
     print(json.dumps({{"done": True}}), flush=True)
     """
     started = time.monotonic()
-    r = run_hook(call(home, src, timeout_secs=30))
+    r = PROCESS.run(call(home, src, timeout_secs=30))
     assert r.ok and r.reply == {"done": True}, (r.failure, r.stderr)
     assert time.monotonic() - started < 10
     assert gone(marker)
@@ -385,11 +385,11 @@ def test_each_plugin_gets_an_empty_network_namespace_of_its_own(home, mode):
     (other / "hooks" / "net.py").write_text(NETNS_PROBE)
     seen: dict[str, list[str]] = {"mine": [], "other": []}
     for _ in range(4):
-        r = run_hook(call(home, NETNS_PROBE, allow_network=False))
+        r = PROCESS.run(call(home, NETNS_PROBE, allow_network=False))
         assert r.ok, (r.failure, r.stderr)
         assert r.reply["devices"] == ["lo"] and r.reply["lo"] != "up", r.reply
         seen["mine"].append(r.reply["netns"])
-        r = run_hook(HookCall(plugin_dir=other, script="hooks/net.py", runtime=resolve_tag("python"), request={},
+        r = PROCESS.run(HookCall(plugin_dir=other, script="hooks/net.py", runtime=resolve_tag("python"), request={},
                               timeout_secs=20, data_dir=home / "plugin_data" / "other", home_dir=home,
                               allow_network=False))
         assert r.ok, (r.failure, r.stderr)
@@ -406,9 +406,9 @@ def test_each_plugin_gets_an_empty_network_namespace_of_its_own(home, mode):
 
 
 def test_a_hook_keeps_its_exit_status_and_signals(home, mode):
-    r = run_hook(call(home, "import os, signal, sys\nsys.stdin.read()\nos.kill(os.getpid(), signal.SIGTERM)\n"))
+    r = PROCESS.run(call(home, "import os, signal, sys\nsys.stdin.read()\nos.kill(os.getpid(), signal.SIGTERM)\n"))
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.signal == 15
-    r = run_hook(call(home, "import sys\nsys.stdin.read()\nsys.exit(3)\n"))
+    r = PROCESS.run(call(home, "import sys\nsys.stdin.read()\nsys.exit(3)\n"))
     assert r.failure.kind == P.SCRIPT_ERROR and r.failure.exit_code == 3
 
 
@@ -428,8 +428,8 @@ printf '{"status": "%s"}\\n' "$(grep -E '^(Cap|NoNewPrivs)' /proc/self/status | 
 
 
 def test_a_hook_has_no_capability_now_nor_after_an_exec(home, mode):
-    python = run_hook(call(home, PRIVILEGES))
-    bash = run_hook(call(home, BASH_PRIVILEGES, runtime="bash"))
+    python = PROCESS.run(call(home, PRIVILEGES))
+    bash = PROCESS.run(call(home, BASH_PRIVILEGES, runtime="bash"))
     assert python.ok and bash.ok, (python.failure, python.stderr, bash.failure, bash.stderr)
     zero = "0" * 16
     assert python.reply == {"CapInh": zero, "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero,
@@ -460,7 +460,7 @@ def test_max_processes_caps_what_a_hook_can_fork(home, mode):
         started += 1
     print(json.dumps({"started": started, "error": error}))
     """
-    r = run_hook(call(home, src, max_processes=10))
+    r = PROCESS.run(call(home, src, max_processes=10))
     assert r.ok, (r.failure, r.stderr)
     assert r.reply["error"] == "BlockingIOError" and 5 <= r.reply["started"] < 10
 
@@ -476,7 +476,7 @@ def test_the_default_memory_limit_kills_a_hog_and_says_why(home, mode, monkeypat
         hog[i] = 1
     print('{"survived": true}')
     """
-    r = run_hook(call(home, src))
+    r = PROCESS.run(call(home, src))
     assert not r.ok and r.failure.kind == P.SCRIPT_ERROR
     assert r.failure.message.startswith("memory limit exceeded (96 MB, the hook's cgroup)")
 
@@ -494,7 +494,7 @@ def test_the_per_call_cgroups_are_removed_after_the_call(home, mode):
                 if any(n.startswith(f"librefang-hook-{pid}-") for pid in owners)}
 
     for _ in range(3):
-        assert run_hook(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
+        assert PROCESS.run(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
     helpers = warmstart.helper_pids()
     assert bool(helpers) == (mode != "worker-spawned")
     end = time.monotonic() + 10
@@ -518,7 +518,7 @@ def test_without_namespaces_every_call_and_the_doctor_say_so(home, monkeypatch):
         assert sandbox.degraded_reasons() and "LIBREFANG_SANDBOX_NAMESPACES=0" in sandbox.degraded_reasons()[0]
         (home / "plugins" / "mine" / "plugin.toml").write_text(
             'name = "mine"\nversion = "1"\n[hooks]\nruntime = "bash"\ningest = "hooks/hook.sh"\n')
-        r = run_hook(call(home, "cat >/dev/null\necho '{}'\n", runtime="bash"))
+        r = PROCESS.run(call(home, "cat >/dev/null\necho '{}'\n", runtime="bash"))
         assert r.ok and len(r.warnings) == 1 and r.warnings[0].startswith("sandbox.degraded: namespaces disabled")
         ids = [f.id for f in lint_plugin(home / "plugins" / "mine").findings]
         assert "sandbox.degraded" in ids
@@ -557,14 +557,14 @@ def test_an_unprivileged_service_isolates_hooks_with_a_user_namespace(tmp_path):
             sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
             from pathlib import Path
             from engine.process import sandbox
-            from engine.process.runner import HookCall, run_hook
+            from engine.process.runner import PROCESS, HookCall
             from engine.process.runtimes import resolve_tag
             home = Path({str(lfhome)!r})
             out = {{"mode": sandbox.mode()}}
             for warm in ("1", "0"):
                 os.environ["LIBREFANG_WARM_START"] = warm
                 for n in ("first", "next"):  # the helper's next spare entered the namespaces ahead of its call
-                    r = run_hook(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
+                    r = PROCESS.run(HookCall(home / "plugins" / "p", "hooks/h.py", resolve_tag("python"),
                                           {{"home": str(home)}}, 20, data_dir=home / "plugin_data" / "p",
                                           home_dir=home))
                     out[warm + n] = r.reply if r.ok else str(r.failure) + r.stderr

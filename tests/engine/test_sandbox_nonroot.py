@@ -28,14 +28,14 @@ DRIVER = """
 import json, os, sys
 from pathlib import Path
 from engine.process import sandbox, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 home = Path(os.environ["LIBREFANG_HOME"])
 pdir = home / "plugins" / "probe"
 (pdir / "hooks").mkdir(parents=True, exist_ok=True)
 (home / "api_token").write_text("secret")
 (pdir / "hooks" / "hook.py").write_text(sys.argv[1])
-result = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
+result = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), request={},
                            timeout_secs=30, data_dir=home / "plugin_data" / "probe", home_dir=home))
 warmstart.shutdown()
 print(json.dumps({"mode": sandbox.mode(), "reasons": sandbox.degraded_reasons(), "ok": result.ok,

@@ -53,7 +53,7 @@ CALLS = """
 import json, os, sys
 from pathlib import Path
 from engine.process import sandbox, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 os.umask(0o077)  # as the service (librefang_site/settings.py)
 home, top = Path(os.environ["LIBREFANG_HOME"]), Path(sys.argv[1])
@@ -64,7 +64,7 @@ for name, other in (("alpha", "beta"), ("beta", "alpha")) * 4:
     pdir = home / "plugins" / name
     (pdir / "hooks").mkdir(parents=True, exist_ok=True)
     (pdir / "hooks" / "hook.py").write_text(sys.argv[2])
-    r = run_hook(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), timeout_secs=30,
+    r = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"), timeout_secs=30,
                           request={"other": str(top / "data" / other), "secret": str(top / "secret"),
                                    "token": str(home / "api_token")},
                           data_dir=top / "data" / name, home_dir=home, allow_network=False))

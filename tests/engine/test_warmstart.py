@@ -1,6 +1,6 @@
 """Warm start (engine/process/warmstart.py): python hooks forked from a zygote behave exactly like spawned ones.
 
-Every case runs real hooks through engine.runner.run_hook, the same function the worker uses, in both modes.
+Every case runs real hooks through engine.process.runner PROCESS, the runtime the worker uses, in both modes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine.home import Home
 from engine.invoke import hook_call_for
 from engine.plugins.catalog import Catalog
 from engine.process import sandbox, warmstart
-from engine.process.runner import HookCall, run_hook
+from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
 from tests.plugin_factory import make_plugin
 
@@ -68,7 +68,7 @@ def _call(pdir: Path, script: str = "hook.py", request=None, **kw) -> HookCall:
 
 def _run(call: HookCall, warm: bool, monkeypatch, lines: list | None = None):
     monkeypatch.setenv("LIBREFANG_WARM_START", "1" if warm else "0")
-    return run_hook(call, on_stderr=(lines.append if lines is not None else None))
+    return PROCESS.run(call, on_stderr=(lines.append if lines is not None else None))
 
 
 # A hook runs below its PID namespace's init (engine/process/sandbox.py), a fork of whatever started it: the zygote's command
@@ -273,7 +273,7 @@ def test_it_is_off_for_a_plugin_that_says_warm_start_false(tmp_path, monkeypatch
     for name in ("cold", "warm"):
         call = hook_call_for(catalog.get(name), "ingest", {"agent_id": "a", "message": "m"}, home)
         assert isinstance(call, HookCall)
-        result = run_hook(call)
+        result = PROCESS.run(call)
         assert result.ok, result.failure
         warm[name] = result.reply["warm"]
     assert warm == {"cold": False, "warm": True}
