@@ -304,7 +304,8 @@ class ZygoteLoop:
         paths, written = self._spare_cgroup(limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid = native_spare.spawn(self.spare_program, theirs, shape, paths, self.sandbox.seccomp_filter())
+            pid = native_spare.spawn(self.spare_program, theirs, shape, self.sandbox.plan_view(shape),
+                                     self.sandbox.absent_at_call(shape), paths, self.sandbox.seccomp_filter())
         except OSError:
             ours.close()
             self._remove(paths)
