@@ -134,8 +134,8 @@ def _rehearse(sandbox):
     end of the script once with a made-up call and script, so that the pages they write (reference counts of the
     objects they use, the interpreter's caches, allocator pools) are copied from the zygote now rather than on the
     call's path, where each copy-on-write fault would delay the hook (bench/warm_timeline.py --faults counts them).
-    What it sets, the call sets again (`_as_python_main`: environment, sys.argv,
-    sys.path[0]); it imports nothing and leaves nothing cached, and the zygote's modules it pops stay out."""
+    What it sets, the call sets again (`_as_python_main`: environment, sys.argv, sys.path[0]); it imports nothing
+    and leaves nothing cached, and the zygote's modules it pops stay out."""
     script = os.path.join(_HERE, "librefang-rehearsal.py")  # never read: compiled from _REHEARSAL_SOURCE
     env = {f"LIBREFANG_REHEARSAL_{i}": "x" * 40 for i in range(16)}
     call = {"sandbox": {"cwd": _HERE, "env": env, "rlimits": [["RLIMIT_NPROC", 129, 129]], "isolate": True,
