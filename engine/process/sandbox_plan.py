@@ -56,13 +56,22 @@ def view_plan(hide: str | None, conceal, tmp_mb: int, launcher=()) -> tuple:
 def covers_of(hide: str | None, covers, private: bool) -> tuple:
     """(directories, files) to cover, as they are now: existing ones (never a link), none below another (or below a
     private tmpfs), the home among them unless a wider cover hides it already."""
-    kinds = {p: _kind(p) for p in (*covers, *((hide,) if hide else ()))}
-    dirs = [p for p in (*covers, *((hide,) if hide else ())) if kinds[p] == stat.S_IFDIR]
+    named = (*covers, hide) if hide else tuple(covers)
+    kinds = {p: _kind(p) for p in named}
+    dirs = list(dict.fromkeys(p for p in named if kinds[p] == stat.S_IFDIR))
     files = [p for p in covers if kinds[p] == stat.S_IFREG]
-    outer = [*(PRIVATE_DIRS if private else ()), *dirs]
-    dirs = [p for p in dict.fromkeys(dirs) if not any(o != p and under(p, o) for o in outer)]
-    files = [p for p in files if not any(under(p, o) for o in outer)]
+    outer = (*(PRIVATE_DIRS if private else ()), *dirs)
+    prefixes = tuple(o.rstrip("/") + "/" for o in outer)
+    dirs = [p for p in dirs if not _below_another(p, outer, prefixes)]
+    files = [p for p in files if not p.startswith(prefixes)]
     return dirs, files
+
+
+def _below_another(path: str, outer: tuple, prefixes: tuple) -> bool:
+    """Whether `path` lies below one of `outer` (each with its prefix, its path and "/") other than itself."""
+    if not path.endswith("/"):  # (no path starts with its own prefix)
+        return path.startswith(prefixes)
+    return any(o != path and path.startswith(prefix) for o, prefix in zip(outer, prefixes))  # noqa: B905
 
 
 def kept_dirs(spec, launcher: bool = True) -> list:
