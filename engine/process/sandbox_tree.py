@@ -100,9 +100,8 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
 
     Init also takes the hook's word that it is done (HOOK_DONE, from the hook's own pid only): it kills every
     process of the namespace at once, the hook included, and when the hook was the only one left (its /proc),
-    reports exit 0 without waiting for the kernel to free the hook's memory (for a fork of the zygote, the answer's
-    longest wait). The hook cannot run again, and nothing else is left; a hook could as well have exited 0
-    itself."""
+    reports exit 0 without waiting for the kernel to free the hook's memory (a fork of the zygote has much of it).
+    The hook cannot run again, and nothing else is left; a hook could as well have exited 0 itself."""
     _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)

@@ -87,7 +87,7 @@ class _Call:
 
     def __init__(self, fds):
         self.reply = socket.socket(fileno=fds[0])
-        self.stdio = [*fds[1:4], *fds[4:]]  # stdin, stdout, stderr (and the exec error pipe): a prepared spare's
+        self.stdio = [*fds[1:4], *fds[4:]]  # what a prepared spare gets: stdin, stdout, stderr (, exec error pipe)
         self.done_r, done_w = os.pipe()
         self.passed = [*fds[1:4], done_w, *fds[4:]]  # what a forked child gets: the done pipe too
         self.spec = self.box = self.box_spec = self.shape = None
