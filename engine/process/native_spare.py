@@ -2,7 +2,7 @@
 `make setup` into engine/process/native/librefang-spare) instead of a fork of the python spawner: started with
 posix_spawn (no page tables copied), it enters the call's namespaces ahead of the call as
 engine/process/sandbox_spare.py `pre_enter` does, and its keeper, init and the hook before its exec are C processes of
-a few pages instead of three forks of a python interpreter (bench/README.md, "Cold hooks without python forks").
+a few pages instead of three forks of a python interpreter (each would copy the spawner's page tables).
 
 Used by engine/process/zygote_serve.py in exec mode only (a warm hook runs python in its process, so it stays a fork
 of the zygote), for spares whose sandbox shape is known. Without the program (no C compiler at setup, a stale build,
@@ -16,8 +16,9 @@ import os
 import resource
 
 from . import sandbox_userns
+from .sandbox_plan import COVER, MASK, NAMESPACES, PRIVATE, READ_ONLY, SEAL
 
-WIRE = "lfspare/3"  # the program refuses another (a build from other sources): the python spare is used then
+WIRE = "lfspare/4"  # the program refuses another (a build from other sources): the python spare is used then
 READY = b"R"  # what the program says once the sandbox is prepared, before it waits for its call
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "native", "spare.c")
@@ -42,12 +43,14 @@ def program(environ=None) -> str | None:
     return PROGRAM
 
 
-def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) -> int:
+def spawn(path: str, sock, shape: tuple, plan: tuple, absent: str | None, cgroups: tuple,
+          seccomp: bytes | None) -> int:
     """Start a spare for `shape` (engine/process/sandbox_spare.py `shape_of`) on `sock` (its end of the socket pair),
-    in a session of its own, joining `cgroups` first; `seccomp`: the filter its hooks load (sandbox_seccomp.py).
-    Returns its pid; raises OSError."""
-    user_ns, uid, gid, hide, home_exists, conceal, tmp_mb = shape[:7]  # (launcher: with the call; the epoch tells shapes apart)
-    mapped = shape.mapped
+    in a session of its own, joining `cgroups` first: it makes the view `plan` says (sandbox_spare.py `plan_view`),
+    refuses its call if `absent` exists by then, and its hooks load `seccomp` (sandbox_seccomp.py). Returns its pid;
+    raises OSError (a plan it cannot carry out included)."""
+    user_ns, uid, gid, mapped = shape.user_ns, shape.uid, shape.gid, shape.mapped
+    steps = encode_plan(plan)
     fd = sock.fileno()
     # a service that is not root: its kept user namespace (engine/process/sandbox_userns.py), which the program joins
     userns = sandbox_userns.kept(mapped, uid, gid) if user_ns and mapped else None
@@ -56,12 +59,26 @@ def spawn(path: str, sock, shape: tuple, cgroups: tuple, seccomp: bytes | None) 
         os.set_inheritable(each, True)
     try:
         argv = [path, WIRE, str(os.getpid()), str(fd), f"@{userns}" if userns is not None else "1" if user_ns else "0",
-                str(uid), str(gid), hide or "", "1" if home_exists else "0", str(tmp_mb), (seccomp or b"").hex(),
-                str(len(conceal)), *conceal, *cgroups]
+                str(uid), str(gid), str(NAMESPACES), absent or "", (seccomp or b"").hex(), str(len(steps)), *steps,
+                *cgroups]
         return os.posix_spawn(path, argv, {}, setsid=True)
     finally:
         for each in inherited:
             os.set_inheritable(each, False)
+
+
+_TAGS = {COVER: "C", MASK: "M", READ_ONLY: "R", PRIVATE: "T", SEAL: "S"}  # the steps the program carries out
+
+
+def encode_plan(plan: tuple) -> list:
+    """The view's steps (engine/process/sandbox_plan.py) as the program's argv items: a tag, then its fields. OSError
+    for a step it does not carry out (a launcher bound ahead is a warm zygote's, never the spawner's)."""
+    items = []
+    for kind, *fields in plan:
+        if kind not in _TAGS:
+            raise OSError(f"the native spare does not carry out {kind} steps")
+        items += [_TAGS[kind], *map(str, fields)]
+    return items
 
 
 def wait_ready(sock, timeout: float) -> bool:

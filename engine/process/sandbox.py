@@ -30,7 +30,8 @@ Where the OS allows namespaces (root, or an unprivileged user namespace), `enter
 
 A zygote's spare child may also apply it in two steps, `pre_enter` ahead of its call and the rest when the call
 arrives (then the hook may enter its plugin's kept network namespace, `make_netns`, instead of a new one): same
-namespaces, same view, same limits, less on the call's path.
+namespaces, same view, same limits, less on the call's path. Either way the namespaces and the view come from one
+plan (engine/process/sandbox_plan.py, `plan_view` for a spare), which the native spare carries out too.
 
 Where namespaces are refused, `probe()` says why once per process (`degraded_reasons()`); hooks still run with
 rlimits, PDEATHSIG and their own process group, and every affected call is labelled by the caller.
@@ -46,18 +47,18 @@ import sys
 import threading
 
 from . import sandbox_seccomp, sandbox_userns
-from .sandbox_cgroups import Cgroups, _oom_killed, cgroups
-from .sandbox_enter import SETUP_FAILED, SandboxSpec, enter
+from .sandbox_cgroups import Cgroups, cgroups
+from .sandbox_enter import SandboxSpec, enter
 from .sandbox_libc import SetupError, has_mount_setattr, libc
-from .sandbox_mounts import kept_dirs
-from .sandbox_spare import enter_hook, make_netns, plan_view, pre_enter, rehearse, shape_of
-from .sandbox_tree import HOOK_DONE, use_native_init
+from .sandbox_plan import kept_dirs
+from .sandbox_spare import absent_at_call, enter_hook, make_netns, plan_view, pre_enter, rehearse, shape_of
+from .sandbox_tree import HOOK_DONE, SETUP_FAILED, use_native_init
 
 __all__ = [
-    "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "cgroups", "degraded_reasons", "enter", "enter_hook",
-    "forget_probe", "has_mount_setattr", "kept_dirs", "kept_userns_fds", "libc", "make_netns", "mapped_ids", "mode",
-    "network_isolation_available", "plan_view", "pre_enter", "probe", "rehearse", "seccomp_filter", "shape_of",
-    "uid_drop", "use_native_init", "as_owner", "_oom_killed",
+    "HOOK_DONE", "SETUP_FAILED", "Cgroups", "SandboxSpec", "SetupError", "absent_at_call", "as_owner", "cgroups",
+    "degraded_reasons", "enter", "enter_hook", "forget_probe", "has_mount_setattr", "kept_dirs", "kept_userns_fds",
+    "libc", "make_netns", "mapped_ids", "mode", "network_isolation_available", "plan_view", "pre_enter", "probe",
+    "rehearse", "seccomp_filter", "shape_of", "uid_drop", "use_native_init",
 ]
 
 

@@ -50,7 +50,7 @@ class Cgroups:
 
     def prepare(self, controllers=("memory", "pids")) -> tuple:
         """Directories of a fresh cgroup without limits yet (a spawner's spare child joins it ahead of its call:
-        joining a cgroup v1 hierarchy waits for an RCU grace period, up to ~12 ms on an idle machine)."""
+        joining a cgroup v1 hierarchy waits for an RCU grace period, longest on an idle machine)."""
         bases = self._found()
         with self._lock:
             self._retry_pending()
@@ -88,7 +88,7 @@ class Cgroups:
 
     def oom_killed(self, paths: tuple) -> bool:
         """Whether the kernel killed a process of this call for exceeding its memory limit."""
-        return _oom_killed(paths)
+        return oom_killed(paths)
 
     def release(self, paths: tuple) -> None:
         for path in paths:
@@ -207,7 +207,8 @@ def _can_create_under(base: str, limit_file: str) -> bool:
 cgroups = Cgroups()
 
 
-def _oom_killed(paths: tuple) -> bool:
+def oom_killed(paths: tuple) -> bool:
+    """Whether the kernel killed a process of the cgroup at `paths` for exceeding its memory limit."""
     for path in paths:
         for name in ("memory.events", "memory.oom_control"):
             try:

@@ -15,28 +15,20 @@ from dataclasses import asdict, dataclass, field
 
 from . import sandbox_seccomp, sandbox_userns
 from .sandbox_libc import (
-    CLONE_NEWIPC,
     CLONE_NEWNET,
-    CLONE_NEWNS,
-    CLONE_NEWPID,
     CLONE_NEWUSER,
-    CLONE_NEWUTS,
     PR_CAPBSET_DROP,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
     SetupError,
-    _check,
+    check,
     libc,
 )
-from .sandbox_mounts import bind_kept, kept_dirs, prepare_view
-from .sandbox_tree import _split_keeper_init_hook, open_native_init
+from .sandbox_mounts import bind_kept, prepare_view
+from .sandbox_plan import NAMESPACES, kept_dirs, view_plan
+from .sandbox_tree import open_native_init, split
 
 _CAP_VERSION_3 = 0x20080522
-# Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
-SETUP_FAILED = 126
-# Every isolated hook's own namespaces (and its network's when it has no network): PID (nothing outlives it), mount
-# (its view), IPC (no SysV IPC shared with anyone, none left after it) and UTS.
-NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
 
 
 @dataclass(frozen=True)
@@ -101,19 +93,19 @@ def enter(spec: SandboxSpec, parent_pid: int, done_fd: int | None = None) -> Non
         init_fd = None if spec.user_ns else open_native_init()  # (a warm zygote's) before the covers hide it
         flags = NAMESPACES | (CLONE_NEWNET if spec.new_net else 0)
         unshare(lib, flags, spec.user_ns, spec.mapped, spec.uid, spec.gid)
-        view = prepare_view(lib, spec.hide, spec.conceal, spec.tmp_mb)
+        view = prepare_view(lib, view_plan(spec.hide, spec.conceal, spec.tmp_mb))
         bind_kept(lib, view, kept)
-        _split_keeper_init_hook(lib, done_fd, init_fd)  # returns in the hook only
+        split(lib, init_fd, done_fd)  # returns in the hook only
     elif spec.new_net:
         if lib is None:
             raise SetupError("no libc")
-        _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
+        check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")  # never run a network-denied hook with network
     if done_fd is not None and not spec.isolate:
         os.close(done_fd)  # the hook must not be able to report a status of its own (closed above when isolated)
-    _enter_last(lib, spec)
+    enter_last(lib, spec)
 
 
-def _enter_last(lib, spec: SandboxSpec, capable: bool | None = None, prepared=None) -> None:
+def enter_last(lib, spec: SandboxSpec, capable: bool | None = None, prepared=None) -> None:
     """What the hook's own process applies last, whichever way it got its namespaces: rlimits, its own host identity
     (before anything it runs), no capabilities, no_new_privs, the seccomp filter, its cwd. `capable`: what
     `empty_bounding_set` said in this process ahead of its call (None: not done); `prepared`: the filter built ahead
@@ -146,7 +138,7 @@ def _load_seccomp(lib, prepared=None) -> None:
         prepared, why = sandbox_seccomp.compiled()
         if prepared is None:
             raise SetupError(f"no seccomp filter: {why}")
-    _check(sandbox_seccomp.load(lib, prepared), "seccomp")
+    check(sandbox_seccomp.load(lib, prepared), "seccomp")
 
 
 def unshare(lib, flags: int, user_ns: bool, mapped: tuple, uid: int, gid: int) -> None:
@@ -154,9 +146,9 @@ def unshare(lib, flags: int, user_ns: bool, mapped: tuple, uid: int, gid: int) -
     one when `mapped` (its subordinate ids: the hook drops to its plugin's), else a new one mapping its own ids."""
     if mapped:
         sandbox_userns.enter(lib, mapped, uid, gid)
-        _check(lib.unshare(flags), "unshare")
+        check(lib.unshare(flags), "unshare")
         return
-    _check(lib.unshare(flags | (CLONE_NEWUSER if user_ns else 0)), "unshare")
+    check(lib.unshare(flags | (CLONE_NEWUSER if user_ns else 0)), "unshare")
     if user_ns:
         _map_ids(uid, gid)
 
@@ -177,12 +169,13 @@ def _drop_privileges(lib, capable: bool | None = None) -> None:
         return
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
-    _check(lib.capset(header, data), "capset")
+    check(lib.capset(header, data), "capset")
 
 
 def empty_bounding_set(lib) -> bool:
     """Whether this process has capabilities; if so, its bounding set emptied (what any exec may gain: the
-    capabilities it has now stay until `_drop_privileges`). A prepared hook does this before its call (~0.2 ms)."""
+    capabilities it has now stay until `_drop_privileges`). A prepared hook does this before its call, off its
+    path."""
     if not _has_capabilities():
         return False
     for cap in range(64):

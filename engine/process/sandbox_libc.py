@@ -46,7 +46,8 @@ def libc():
     return _libc_handle[0]
 
 
-def _check(rc: int, what: str) -> None:
+def check(rc: int, what: str) -> None:
+    """SetupError naming `what` and errno when a libc call returned non-zero: no sandbox step fails silently."""
     if rc != 0:
         err = ctypes.get_errno()
         raise SetupError(f"{what}: {os.strerror(err)}")
@@ -82,8 +83,9 @@ def has_mount_setattr(lib) -> bool:
     return _setattr_works[0]
 
 
-def _mount(lib, source, target, fstype, flags, data=None) -> None:
+def mount(lib, source, target, fstype, flags, data=None) -> None:
+    """mount(2) with str arguments; SetupError when it fails."""
     def enc(value):
         return None if value is None else os.fsencode(value)
 
-    _check(lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+    check(lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")

@@ -12,27 +12,11 @@ import signal
 from typing import NamedTuple
 
 from . import sandbox_seccomp, sandbox_userns
-from .sandbox_enter import NAMESPACES, SETUP_FAILED, SandboxSpec, _enter_last, empty_bounding_set, unshare
-from .sandbox_libc import (
-    CLONE_NEWNET,
-    CLONE_NEWUSER,
-    PR_SET_DUMPABLE,
-    PR_SET_PDEATHSIG,
-    SetupError,
-    _check,
-    libc,
-)
-from .sandbox_mounts import bind_kept, launcher_kept, prepare_view, rehearse_binds, shape_covers
-from .sandbox_tree import (
-    _become_init,
-    _fork,
-    _init,
-    _keep,
-    _wait_for,
-    fork_hook,
-    open_native_init,
-    split_beside,
-)
+from .sandbox_enter import SandboxSpec, empty_bounding_set, enter_last, unshare
+from .sandbox_libc import CLONE_NEWNET, CLONE_NEWUSER, PR_SET_PDEATHSIG, SetupError, check, libc
+from .sandbox_mounts import bind_kept, prepare_view, rehearse_binds
+from .sandbox_plan import NAMESPACES, view_plan
+from .sandbox_tree import SETUP_FAILED, fork_child, open_native_init, split, wait_for
 
 
 class SpareShape(NamedTuple):
@@ -66,10 +50,16 @@ def shape_of(spec: SandboxSpec, launcher: bool = False) -> SpareShape | None:
 
 
 def plan_view(shape: SpareShape) -> tuple:
-    """What `pre_enter` covers and binds ahead for `shape`, looked up by the zygote right before it forks the spare:
-    the same lookups in the fresh spare would cost it a copy of every page of the zygote they touch."""
-    return (shape_covers(shape.hide if shape.home_exists else None, shape.conceal, shape.tmp_mb > 0),
-            launcher_kept(shape.launcher))
+    """The steps of the view a spare prepares for `shape` (engine/process/sandbox_plan.py), looked up by the zygote or
+    spawner right before it makes the spare: the same lookups in a fresh fork would cost it a copy of every page of
+    the zygote they touch, and the native spare only carries out the steps it is given."""
+    return view_plan(shape.hide if shape.home_exists else None, shape.conceal, shape.tmp_mb, shape.launcher)
+
+
+def absent_at_call(shape: SpareShape) -> str | None:
+    """A home that did not exist when the spare covered its view (so it is not covered): a spare whose call finds it
+    there must not run the hook."""
+    return None if shape.home_exists else shape.hide
 
 
 def pre_enter(shape: SpareShape, parent_pid: int, sock, await_call, plan: tuple | None = None) -> tuple:
@@ -91,14 +81,9 @@ def pre_enter(shape: SpareShape, parent_pid: int, sock, await_call, plan: tuple 
     if os.getppid() != parent_pid:
         os._exit(137)
     unshare(lib, NAMESPACES, shape.user_ns, shape.mapped, shape.uid, shape.gid)
-    covered, ahead = plan if plan is not None else plan_view(shape)
     init_fd = None if shape.user_ns else open_native_init()  # (before the covers hide it; see use_native_init)
-    view = prepare_view(lib, shape.hide if shape.home_exists else None, shape.conceal, shape.tmp_mb, ahead,
-                        covered)
-    if init_fd is not None:  # a warm zygote's: init is the native program, the hook its sibling (sandbox_tree.py)
-        split_beside(lib, init_fd, sock.fileno(), sock.fileno())
-    else:
-        _fork_init_then_hook(lib, sock)
+    view = prepare_view(lib, plan if plan is not None else plan_view(shape))
+    split(lib, init_fd, sock.fileno(), sock.fileno())  # returns in the hook, which keeps the socket for its call
     _capable.append(empty_bounding_set(lib))  # off the call's path (enter_hook), as is building the filter
     program = sandbox_seccomp.compiled()[0]
     _filter.append(sandbox_seccomp.Prepared(program) if program is not None else None)
@@ -106,40 +91,21 @@ def pre_enter(shape: SpareShape, parent_pid: int, sock, await_call, plan: tuple 
     call, fds = await_call(sock)  # exits quietly if the spare is dropped first
     try:  # the call's part of the view
         spec = _spec[0] = SandboxSpec.from_dict(call["sandbox"])
-        if not shape.home_exists and spec.hide and os.path.isdir(spec.hide):
-            raise SetupError(f"{spec.hide} appeared after this sandbox was prepared: not covered")
+        absent = absent_at_call(shape)
+        if absent and os.path.isdir(absent):
+            raise SetupError(f"{absent} appeared after this sandbox was prepared: not covered")
         bind_kept(lib, view, call.pop("kept", []))
         if spec.new_net:
             if call.get("netns") is not None:  # the plugin's own empty network namespace, kept by the zygote
                 netns = fds.pop(call["netns"])
-                _check(lib.setns(netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+                check(lib.setns(netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
                 os.close(netns)
             else:
-                _check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                check(lib.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     except Exception as exc:  # noqa: BLE001 - the keeper mirrors the exit status: the hook never ran
         _report_setup_failure(fds, str(exc))
         os._exit(SETUP_FAILED)
-    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     return call, fds
-
-
-def _fork_init_then_hook(lib, sock) -> None:
-    """keeper (this process) -> init (a fork of it) -> hook, whose process this returns in."""
-    status_r, status_w = os.pipe()
-    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # see sandbox_tree.py _split_keeper_init_hook
-    init_pid = _fork()
-    if init_pid:
-        os.close(status_w)
-        _keep(init_pid, status_r, sock.fileno())
-    os.close(status_r)
-    try:
-        _become_init(lib, status_w)
-    except BaseException:  # noqa: BLE001 - no hook: the keeper reports init's failure when the call comes
-        os._exit(SETUP_FAILED)
-    hook_pid = fork_hook()
-    if hook_pid:
-        _init(hook_pid, status_w, sock.fileno())
-    os.close(status_w)
 
 
 def make_netns(shape: SpareShape | None = None) -> int | None:
@@ -156,7 +122,7 @@ def make_netns(shape: SpareShape | None = None) -> int | None:
     userns = sandbox_userns.kept(mapped, shape.uid, shape.gid) if mapped else None
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
-    pid = _fork()
+    pid = fork_child()
     if pid == 0:
         try:
             os.close(ready_r)
@@ -177,7 +143,7 @@ def make_netns(shape: SpareShape | None = None) -> int | None:
     finally:
         os.close(ready_r)
         os.close(hold_w)
-        _wait_for(pid)
+        wait_for(pid)
     return fd
 
 
@@ -211,6 +177,6 @@ def rehearse() -> None:
 
 def enter_hook(call: dict) -> None:
     """In the hook prepared by `pre_enter`, its call arrived: the last part of `enter`."""
-    _enter_last(libc(), _spec[0] or SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
+    enter_last(libc(), _spec[0] or SandboxSpec.from_dict(call["sandbox"]), _capable[-1] if _capable else None,
                 _filter[-1] if _filter else None)
 

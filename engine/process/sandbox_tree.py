@@ -1,5 +1,5 @@
-"""The keeper/init/hook process tree of a sandboxed call (engine/process/sandbox_enter.py `enter` builds it with
-`_split_keeper_init_hook`, engine/process/sandbox_spare.py `pre_enter` ahead of a call): the keeper outside the hook's
+"""The keeper/init/hook process tree of a sandboxed call (`split`: engine/process/sandbox_enter.py `enter` builds it,
+engine/process/sandbox_spare.py `pre_enter` ahead of a call): the keeper outside the hook's
 PID namespace waits for init and exits the way the hook did; init (pid 1 inside, a fresh /proc) reaps everything and
 ends with the hook. Stdlib only and loaded outside the engine package in the zygote and the spawner, like
 engine/process/sandbox.py.
@@ -7,8 +7,9 @@ engine/process/sandbox.py.
 Two shapes. A fork of the helper as init, the hook forked by init: keeper -> init -> hook (cold hooks, and warm ones
 where the native program is missing). In a warm zygote with the native program (engine/process/native/spare.c, its
 init mode), init is that program, started without a fork of the zygote's memory, and the keeper forks the hook
-beside it: keeper -> init, keeper -> hook (`_split_beside`). A fork of a zygote costs its page tables, the pages it
-writes and, at its exit, the unmapping of all of it (about 1.5 ms of CPU); this spares one per warm call.
+beside it: keeper -> init, keeper -> hook (`split_beside`), so that a warm call forks the zygote twice rather than
+three times (a fork of a zygote costs its page tables, the pages it writes and, at its exit, the unmapping of all of
+it).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ from .sandbox_libc import (
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     SetupError,
-    _mount,
+    mount,
 )
 
+# Exit status of a child whose sandbox could not be applied (as a failing preexec function: the hook never ran).
+SETUP_FAILED = 126
 
-def _fork() -> int:
+
+def fork_child() -> int:
+    """os.fork() from a fresh single-threaded child of the helper, without the warning a threaded parent earns."""
     with warnings.catch_warnings():  # 3.12+ warns about fork() with threads; the caller is a fresh child
         warnings.simplefilter("ignore")
         return os.fork()
@@ -51,7 +56,7 @@ def _close_all_but(*keep: int | None) -> None:
 def _keep(init_pid: int, status_r: int, done_fd: int | None) -> None:
     """The keeper: holds no pipe of the hook, waits for init, then exits the way the hook did. Never returns."""
     _close_all_but(status_r, done_fd)
-    status = _wait_for(init_pid)
+    status = wait_for(init_pid)
     os.set_blocking(status_r, False)
     try:
         data = os.read(status_r, 16)
@@ -80,7 +85,7 @@ INIT_WAITS = frozenset({signal.SIGCHLD, HOOK_DONE})
 def fork_hook() -> int:
     """Fork the hook's process from init, with init's signals already blocked; the hook gets its mask back."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INIT_WAITS)
-    pid = _fork()
+    pid = fork_child()
     if pid == 0:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, INIT_WAITS)
     return pid
@@ -95,9 +100,8 @@ def _init(hook_pid: int, status_w: int, report_fd: int | None = None) -> None:
 
     Init also takes the hook's word that it is done (HOOK_DONE, from the hook's own pid only): it kills every
     process of the namespace at once, the hook included, and when the hook was the only one left (its /proc),
-    reports exit 0 without waiting for the kernel to free the hook's memory (about a millisecond for a fork of the
-    zygote, bench/README.md). The hook cannot run again, and nothing else is left; a hook could as well have exited 0
-    itself."""
+    reports exit 0 without waiting for the kernel to free the hook's memory (a fork of the zygote has much of it).
+    The hook cannot run again, and nothing else is left; a hook could as well have exited 0 itself."""
     _close_all_but(status_w, report_fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
@@ -166,7 +170,8 @@ def _empty_namespace() -> None:
             return
 
 
-def _wait_for(pid: int) -> int:
+def wait_for(pid: int) -> int:
+    """`pid`'s wait status once it has ended (0 when it is not our child)."""
     while True:
         try:
             return os.waitpid(pid, 0)[1]
@@ -218,7 +223,7 @@ def _has_init_mode(path: str) -> bool:
         pid = os.posix_spawn(path, [path, INIT_WIRE], {})
     except OSError:
         return False
-    status = _wait_for(pid)
+    status = wait_for(pid)
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
@@ -237,7 +242,7 @@ def split_beside(lib, init_fd: int, done_fd: int | None, report_fd: int | None =
     and, beside it, keeper -> hook (pid 2). Returns in the hook. `report_fd`: where init reports a hook that said it
     is done (the zygote, a wake-up sooner than the keeper); the keeper reports every end on `done_fd` after init."""
     status_r, status_w = os.pipe()
-    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the keeper is a fork of the zygote (see _split_keeper_init_hook)
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the keeper is a fork of the zygote (see `split`)
     try:
         init_pid = _start_native_init(init_fd, status_r, status_w, report_fd)
     finally:
@@ -268,7 +273,7 @@ def _start_native_init(fd: int, status_r: int, status_w: int, report_fd: int | N
             os.set_inheritable(each, False)
         os.close(status_w)
     if os.read(status_r, 1) != b"R":
-        _wait_for(pid)
+        wait_for(pid)
         raise SetupError("init could not mount its /proc")
     return pid
 
@@ -280,14 +285,14 @@ def _keep_beside(init_pid: int, hook_pid: int, status_r: int, done_fd: int | Non
     and say exit 0. Never returns."""
     _close_all_but(status_r, done_fd)
     os.set_blocking(status_r, False)
-    status = _wait_for(hook_pid)
+    status = wait_for(hook_pid)
     said = _read_all(status_r)
     if not said.startswith(b"D"):
         try:
             os.kill(init_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    _wait_for(init_pid)
+    wait_for(init_pid)
     said = (said + _read_all(status_r))[1:]
     if len(said) >= 4:
         status = int.from_bytes(said[:4], "little", signed=True)  # init's word: the hook said it was done
@@ -307,27 +312,36 @@ def _read_all(fd: int) -> bytes:
         return b""
 
 
-def _split_keeper_init_hook(lib, done_fd: int | None, init_fd: int | None = None) -> None:
-    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2). Returns in the hook.
-    With `init_fd` (a warm zygote's native init, `open_native_init`): `split_beside`."""
+def split(lib, init_fd: int | None, done_fd: int | None, report_fd: int | None = None) -> None:
+    """keeper (this process, outside) -> init (pid 1 of the new PID namespace) -> hook (pid 2); with `init_fd` (a
+    warm zygote's native init, `open_native_init`) init beside the hook instead (`split_beside`). Returns in the hook.
+
+    `done_fd`: where the keeper reports the hook's wait status once the namespace is empty; the hook never holds it
+    unless it is also `report_fd`. `report_fd` (a spare prepared ahead of its call: its socket to the zygote, on
+    which the hook's call will come): init reports there too, as soon as it has emptied the namespace."""
     if init_fd is not None:
-        split_beside(lib, init_fd, done_fd)
+        split_beside(lib, init_fd, done_fd, report_fd)
         return
     status_r, status_w = os.pipe()
     # Keeper and init are forks of the service (or zygote) and keep its environment in memory: not dumpable, so the
     # hook (same uid, no capabilities) cannot read /proc/1/environ or attach to them.
     lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    init_pid = _fork()
+    init_pid = fork_child()
     if init_pid:
         os.close(status_w)
         _keep(init_pid, status_r, done_fd)
     os.close(status_r)
-    _become_init(lib, status_w)
+    try:
+        _become_init(lib, status_w)
+    except BaseException:
+        if report_fd is None:
+            raise  # the caller says why on the hook's stderr
+        os._exit(SETUP_FAILED)  # ahead of the call there is no stderr yet: the keeper reports the status
     hook_pid = fork_hook()
     if hook_pid:
-        _init(hook_pid, status_w)
+        _init(hook_pid, status_w, report_fd)
     os.close(status_w)
-    if done_fd is not None:
+    if done_fd is not None and done_fd != report_fd:
         os.close(done_fd)
     lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the hook itself is an ordinary process (exec resets it anyway)
 
@@ -337,12 +351,12 @@ def _become_init(lib, status_w: int) -> None:
     lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _exit_if_keeper_gone(status_w)
     try:
-        _mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except SetupError:
         # A kernel may refuse a new proc inside a user namespace (masked /proc in containers): then no /proc at
         # all rather than the service's.
-        _mount(lib, "tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
+        mount(lib, "tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
     else:
-        _mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+        mount(lib, "/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
         lib.mount(None, b"/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   None)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 
-from .sandbox_libc import CLONE_NEWUSER, SetupError, _check, libc
-from .sandbox_tree import _fork, _wait_for
+from .sandbox_libc import CLONE_NEWUSER, SetupError, check, libc
+from .sandbox_tree import fork_child, wait_for
 
 # Where the setuid helpers are looked for (the system's own: never the service's PATH).
 HELPER_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/local/bin")
@@ -102,7 +102,7 @@ def enter(lib, ranges, uid: int, gid: int) -> None:
     """In a single-threaded child: join the kept user namespace, as its root (every capability in it, none outside).
     The descriptor is closed: the hook must not hold it."""
     fd = kept(ranges, uid, gid)
-    _check(lib.setns(fd, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
+    check(lib.setns(fd, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
     os.close(fd)
 
 
@@ -113,12 +113,12 @@ def as_owner(ranges, uid: int, gid: int, fn, *args):
     fd = kept(ranges, uid, gid)
     lib = libc()
     out_r, out_w = os.pipe()
-    pid = _fork()
+    pid = fork_child()
     if pid == 0:
         code = 0
         try:
             os.close(out_r)
-            _check(lib.setns(fd, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
+            check(lib.setns(fd, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
             said = b"R" + json.dumps(fn(*args)).encode()
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             code, said = 1, f"E{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:4096]
@@ -133,7 +133,7 @@ def as_owner(ranges, uid: int, gid: int, fn, *args):
         said = _read_all(out_r)
     finally:
         os.close(out_r)
-    status = _wait_for(pid)
+    status = wait_for(pid)
     if status != 0 or not said.startswith(b"R"):
         raise OSError(said[1:].decode("utf-8", "replace") or f"exit status {status}")
     return json.loads(said[1:])
@@ -151,7 +151,7 @@ def _make(ranges: tuple, uid: int, gid: int) -> int:
     (uid_start, uid_count), (gid_start, gid_count) = ranges
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
-    pid = _fork()
+    pid = fork_child()
     if pid == 0:
         try:
             os.close(ready_r)
@@ -171,7 +171,7 @@ def _make(ranges: tuple, uid: int, gid: int) -> int:
     finally:
         os.close(ready_r)
         os.close(hold_w)
-        _wait_for(pid)
+        wait_for(pid)
 
 
 def _run(argv: list) -> None:
@@ -190,7 +190,7 @@ def _run(argv: list) -> None:
         said = _read_all(err_r)
     finally:
         os.close(err_r)
-    status = _wait_for(pid)
+    status = wait_for(pid)
     if status != 0:
         text = said.decode("utf-8", "replace").strip() or f"exit status {os.waitstatus_to_exitcode(status)}"
         raise SetupError(f"{os.path.basename(argv[0])} {' '.join(argv[2:])}: {text}")

@@ -2,8 +2,8 @@
 
 The protocol's promise is kept: every call is still a fresh process (forked from a zygote that has never run plugin
 code), in a new session with its stdio pipes, and with the very sandbox a spawned hook gets: the runner's
-engine.sandbox.SandboxSpec travels as JSON and the zygote's child applies it with the same function
-(engine.sandbox.enter: environment, cwd, namespaces, mounts, limits). The script runs as `__main__` with
+SandboxSpec (engine/process/sandbox.py) travels as JSON and the zygote's child applies it with the same function
+(`enter`: environment, cwd, namespaces, mounts, limits). The script runs as `__main__` with
 `sys.argv = [script]` and `sys.path[0]` = its directory. The runner drives the child through the same loop as a
 spawned one (`WarmProcess` quacks like `subprocess.Popen`), so timeouts kill the whole group and stderr streams the
 same way. The zygote itself is `engine/process/warmstart_zygote.py`, run as a script by the resolved interpreter; the
@@ -177,7 +177,7 @@ def ensure(launcher: str, env: Mapping[str, str]) -> bool:
 
 
 def spawn(argv: Sequence[str], sandbox: Any, stdin: bytes = b"") -> WarmProcess | None:
-    """Fork the hook `argv = [python, script]` from its zygote, inside `sandbox` (engine.sandbox.SandboxSpec); None
+    """Fork the hook `argv = [python, script]` from its zygote, inside `sandbox` (a SandboxSpec); None
     means: spawn it normally instead. What of `stdin` is already in its pipe: `WarmProcess.stdin_written`."""
     z = _get(argv[0], sandbox.env)
     if z is None:

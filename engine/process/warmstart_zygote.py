@@ -45,7 +45,7 @@ def _stdlib_dirs():
     return tuple(d + os.sep for d in dirs)
 
 
-# The `_PACKAGE` modules, named once in the zygote (`_main`): a child pops them by name, as iterating sys.modules
+# The `_PACKAGE` modules, named once in the zygote (`main`): a child pops them by name, as iterating sys.modules
 # would write to (and so copy) the page of every module's name. Once popped they are kept here: freeing them would
 # write to every page they are on.
 _SANDBOX_MODULES = []
@@ -133,9 +133,9 @@ def _rehearse(sandbox):
     """In a prepared hook's process, before its call arrives: go through the steps between a call's arrival and the
     end of the script once with a made-up call and script, so that the pages they write (reference counts of the
     objects they use, the interpreter's caches, allocator pools) are copied from the zygote now rather than on the
-    call's path: each copy-on-write fault costs a few microseconds, and a call took ~500 of them
-    (bench/warm_timeline.py --faults). What it sets, the call sets again (`_as_python_main`: environment, sys.argv,
-    sys.path[0]); it imports nothing and leaves nothing cached, and the zygote's modules it pops stay out."""
+    call's path, where each copy-on-write fault would delay the hook (bench/warm_timeline.py --faults counts them).
+    What it sets, the call sets again (`_as_python_main`: environment, sys.argv, sys.path[0]); it imports nothing
+    and leaves nothing cached, and the zygote's modules it pops stay out."""
     script = os.path.join(_HERE, "librefang-rehearsal.py")  # never read: compiled from _REHEARSAL_SOURCE
     env = {f"LIBREFANG_REHEARSAL_{i}": "x" * 40 for i in range(16)}
     call = {"sandbox": {"cwd": _HERE, "env": env, "rlimits": [["RLIMIT_NPROC", 129, 129]], "isolate": True,
@@ -210,7 +210,7 @@ def _run_main(spec):
         with open(script, "rb") as fh:
             source = fh.read()
     except OSError as exc:
-        _child._die(f"{spec['launcher']}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}\n", 2)
+        _child.die(f"{spec['launcher']}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}\n", 2)
     main = _new_main(script)
     sys.modules["__main__"] = main
     forked_modules = set(sys.modules)
@@ -293,7 +293,7 @@ def _finalize(status, main, forked_modules, interrupted):
     """Py_FinalizeEx for what the script created, then _exit.
 
     The interpreter's own finalization would tear down every module the zygote preloaded too, writing to (and so
-    copying) every shared page: ~6 ms per call. Objects that existed at fork time are frozen (gc.freeze) and
+    copying) every shared page, in every call. Objects that existed at fork time are frozen (gc.freeze) and
     belong to no script, so only the script's own are finalized, in the interpreter's order: non-daemon threads
     joined, atexit callbacks, std streams flushed, the script's modules cleared (destructors run, files it left
     open are flushed and closed), cycles collected, std streams flushed again.
@@ -331,7 +331,7 @@ def _finalize(status, main, forked_modules, interrupted):
     os._exit(status)
 
 
-def _main(exec_mode=False):
+def main(exec_mode=False):
     """Serve python hooks (the zygote) or, with `exec_mode`, exec any hook's program (engine/process/hook_spawner.py: the
     worker never forks itself for a cold hook). Returns in a child, with its spec."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
@@ -362,30 +362,21 @@ def _main(exec_mode=False):
     spare_program = _loop.native_spare.program() if exec_mode else None  # engine/process/native_spare.py
     if not exec_mode:  # hooks' init: the same program's init mode, beside the hook (sandbox_tree.py)
         sandbox.use_native_init(_loop.native_spare.program())
-    spec, fds = _loop._serve(ctl, sandbox, spare_program, exec_mode)
-    exec_error = None
+    forked = _loop.ZygoteLoop(ctl, sandbox, spare_program, exec_mode).run()  # returns in a child only
     try:
-        if spec is not None:  # forked on demand for a call
-            exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
-        elif fds[1] is None:  # a plain spare child
-            spec, fds = _child._await_call(fds[0])
-            exec_error = _child._setup_child(spec, fds, zygote_pid, sandbox)
-        else:  # a spare that entered its namespaces ahead of its call
-            spec, exec_error = _child._prepared_spare(fds[0], fds[1], zygote_pid, sandbox,
-                                                      None if exec_mode or not fds[2] else lambda: _rehearse(sandbox),
-                                                      fds[3])
+        spec, exec_error = _child.become(forked, zygote_pid, sandbox, None if exec_mode else lambda: _rehearse(sandbox))
         if "argv" not in spec:
             if spec["sandbox"].get("isolate"):  # below our init (sandbox_tree.py), in a PID namespace of its own
                 _DONE_SIGNAL.append(sandbox.HOOK_DONE)
             _as_python_main(spec, extras_top)
     except BaseException as exc:  # noqa: BLE001 - like a failing preexec: the hook never starts
-        _child._die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
+        _child.die(f"warm start: sandbox setup failed in the child: {type(exc).__name__}: {exc}\n", 126)
     if exec_mode:
-        _child._exec(spec, exec_error)
+        _child.exec_hook(spec, exec_error)
     return spec
 
 
 if __name__ == "__main__":
-    _spec = _main()
-    del _main, _loop
+    _spec = main()
+    del main, _loop
     _run_main(_spec)

@@ -1,16 +1,29 @@
-"""A zygote's child, from its fork to the hook (engine/process/warmstart_zygote.py): wait for the call if it is a spare,
-take a new session and the call's stdio, apply the sandbox (engine/process/sandbox.py `enter`, or `pre_enter` ahead
-of the call for a prepared spare), and in exec mode (the spawner, engine/process/hook_spawner.py) exec the hook's
-program. Stdlib only and loaded outside the engine package, like engine/process/sandbox.py.
+"""A zygote's child, from its fork to the hook (engine/process/warmstart_zygote.py): `become` takes what the loop
+returned in the child (engine/process/zygote_serve.py), waits for the call if it is a spare, takes a new session and
+the call's stdio, applies the sandbox (engine/process/sandbox.py `enter`, or `pre_enter` ahead of the call for a
+prepared spare), and in exec mode (the spawner, engine/process/hook_spawner.py) `exec_hook` execs the hook's program.
+Stdlib only and loaded outside the engine package, like engine/process/sandbox.py.
 """
 
 import json
 import os
 
+from .zygote_serve import PlainSpare, PreparedSpare
 from .zygote_wire import HEADER, recv_call, recv_exact
 
 
-def _await_call(sock):
+def become(forked, zygote_pid, sandbox, rehearse=None):
+    """In a child of the zygote's loop (`forked`: ForCall, PlainSpare or PreparedSpare), the hook's own process once
+    its call is here, its stdio taken and its sandbox applied: returns (spec, exec error fd or None). `rehearse`: run
+    ahead of the call by a prepared spare that was asked to rehearse."""
+    if isinstance(forked, PreparedSpare):
+        return prepared_spare(forked.sock, forked.shape, zygote_pid, sandbox, rehearse if forked.rehearse else None,
+                              forked.plan)
+    spec, fds = await_call(forked.sock) if isinstance(forked, PlainSpare) else (forked.spec, forked.fds)
+    return spec, setup_child(spec, fds, zygote_pid, sandbox)
+
+
+def await_call(sock):
     """In the spare child: wait for the call's fds and spec; exit quietly if the zygote retires or dies first."""
     try:
         msg, fds = recv_call(sock)
@@ -29,17 +42,18 @@ def _rehearse_then_await(rehearse, sock):
         rehearse()
     except BaseException:  # noqa: BLE001 - only ever a head start: the call's own steps run anyway
         pass
-    return _await_call(sock)
+    return await_call(sock)
 
 
-def _die(message, code):
+def die(message, code):
+    """Say `message` on stderr and exit with `code`: the hook never runs."""
     try:
         os.write(2, message.encode("utf-8", "replace"))
     finally:
         os._exit(code)
 
 
-def _setup_child(spec, fds, zygote_pid, sandbox):
+def setup_child(spec, fds, zygote_pid, sandbox):
     """Popen(start_new_session=True, close_fds=True) and the runner's preexec function (sandbox.enter), in order.
     Returns (after the sandbox) the exec error pipe in exec mode, else None; the rest is the caller's."""
     os.setsid()
@@ -49,7 +63,7 @@ def _setup_child(spec, fds, zygote_pid, sandbox):
     try:
         sandbox.enter(box, zygote_pid, done)  # returns in the hook's own process
     except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
-        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+        die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
     return exec_error
 
 
@@ -70,13 +84,13 @@ def _take_stdio(stdio, extra):
         os.set_inheritable(fd, False)
 
 
-def _prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None, plan=None):
+def prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None, plan=None):
     """A spare child entering its namespaces before its call (sandbox.pre_enter): it becomes the call's keeper, and
     this returns (spec, exec error fd or None) in the hook's own process once the call arrived, its stdio taken and
     its sandbox complete. A spare that cannot prepare exits: the call is then forked on demand."""
     os.setsid()
     try:
-        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, _await_call if rehearse is None else
+        spec, fds = sandbox.pre_enter(shape, zygote_pid, sock, await_call if rehearse is None else
                                       lambda s: _rehearse_then_await(rehearse, s), plan)
     except BaseException:  # noqa: BLE001
         os._exit(0)
@@ -85,11 +99,11 @@ def _prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None, plan=None):
     try:
         sandbox.enter_hook(spec)
     except Exception as exc:  # noqa: BLE001 - as the runner's preexec function: the hook never starts
-        _die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
+        die(f"sandbox setup failed in the child: {exc}\n", sandbox.SETUP_FAILED)
     return spec, exec_error
 
 
-def _exec(spec, exec_error):
+def exec_hook(spec, exec_error):
     """Exec mode: become the hook's own program, as subprocess.Popen's child does (signals Python ignores back to
     their defaults). An exec failure goes back to the worker as an errno on the exec error pipe."""
     import signal

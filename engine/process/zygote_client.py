@@ -195,7 +195,7 @@ class Zygote:
 
     def fork(self, script: str, sandbox: Any, argv: Sequence[str] | None = None,
              stdin: bytes = b"") -> WarmProcess | None:
-        """Fork `script` with `sandbox` (an engine.sandbox.SandboxSpec) applied in the child; a spawner (exec mode)
+        """Fork `script` with `sandbox` (engine/process/sandbox.py's SandboxSpec) applied in the child; a spawner (exec mode)
         execs `argv` instead. Raises OSError when that exec failed (as subprocess.Popen does).
 
         `stdin` (the request) goes into the stdin pipe before the call is handed over, as much as the pipe holds

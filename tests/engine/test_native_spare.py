@@ -5,15 +5,18 @@ python spare it replaces. The hostile-hook tests of tests/engine/test_sandbox.py
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from engine.process import native_spare, sandbox, warmstart
+from engine.process import hook_view, native_spare, sandbox, sandbox_plan, warmstart
 from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
+from engine.process.zygote_wire import send_call
 from tests.engine.test_warmstart import PROBE
 
 pytestmark = [pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests"),
@@ -202,6 +205,61 @@ def test_the_call_is_encoded_field_by_field_and_a_nul_byte_is_refused():
     call["sandbox"]["env"]["C"] = "x\0K"
     with pytest.raises(OSError):  # the spawner then forks a python child, which refuses it as a spawn would
         native_spare.encode_call(call, None)
+
+
+def _in_native_spare(program: str, plan: tuple, argv: list[str]) -> str:
+    """What `argv` prints, run in a native spare started here for `plan` (no cgroup, no seccomp, no identity)."""
+    shape = sandbox.shape_of(sandbox.SandboxSpec(cwd="/", isolate=True))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pid = native_spare.spawn(program, theirs, shape, plan, None, (), None)
+    finally:
+        theirs.close()
+    pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, the exec error pipe
+    try:
+        assert native_spare.wait_ready(ours, 10)
+        raw = native_spare.encode_call({"sandbox": {"cwd": "/", "env": {"PATH": "/usr/bin:/bin"}}, "argv": argv}, None)
+        send_call(ours, len(raw), [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
+        ours.sendall(raw)
+        for _r, w in pipes:
+            os.close(w)
+        with os.fdopen(pipes[1][0], "rb") as out:
+            said = out.read().decode()
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # (its keeper reported on `ours` first)
+    finally:
+        ours.close()
+        for r, _w in (pipes[0], *pipes[2:]):
+            os.close(r)
+    return said
+
+
+def test_the_program_makes_the_view_its_plan_says(tmp_path, program):
+    """The native spare covers, masks and makes read-only what the plan it is given says (sandbox_plan.py), and
+    nothing else of its own."""
+    if sandbox.mode() != "root":
+        pytest.skip("the service is not root here")
+    covered, masked, shown = tmp_path / "covered", tmp_path / "masked.txt", tmp_path / "shown.txt"
+    covered.mkdir()
+    (covered / "secret").write_text("s")
+    masked.write_text("m")
+    shown.write_text("v")
+    plan = sandbox_plan.view_plan(None, [str(covered), str(masked)], 0)
+    script = (f"ls -A {covered}; cat {masked} 2>/dev/null || echo unreadable; cat {shown}; echo; "
+              f"touch {tmp_path}/new 2>/dev/null || echo read-only")
+    assert _in_native_spare(program, plan, ["/bin/sh", "-c", script]).split() == ["unreadable", "v", "read-only"]
+    assert _in_native_spare(program, sandbox_plan.view_plan(None, [], 0), ["/bin/cat", str(masked)]) == "m"
+
+
+def test_the_program_knows_no_path_nor_namespace_of_the_policy():
+    """A policy change is made once, in python (engine/process/hook_view.py, sandbox_plan.py): the program's source
+    names none of the paths it conceals or makes private, nor which namespaces a hook gets, and it refuses a plan's
+    step it does not carry out (the spawner then keeps python spares)."""
+    source = Path(native_spare.SOURCE).read_text()
+    policy = [*sandbox_plan.PRIVATE_DIRS, *hook_view.CONCEALED_DIRS, *hook_view.CONCEALED_FILES]
+    assert [path for path in policy if f'"{path}"' in source] == []
+    assert re.findall(r"CLONE_NEW(?:NS|PID|IPC|UTS)\b", source) == []
+    with pytest.raises(OSError):
+        native_spare.encode_plan(((sandbox_plan.MOUNT_POINT, "/root/.pyenv"),))
 
 
 def test_a_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, program):

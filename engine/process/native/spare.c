@@ -1,18 +1,21 @@
 /* librefang-spare: the cold-hook spawner's prepared spare, as a small static program instead of a fork of the
  * python spawner (engine/process/native_spare.py starts it with posix_spawn and speaks to it; the python spare it
- * replaces is engine/process/sandbox_spare.py `pre_enter` + engine/process/zygote_child.py `_prepared_spare`/`_exec`,
+ * replaces is engine/process/sandbox_spare.py `pre_enter` + engine/process/zygote_child.py `prepared_spare`/`exec_hook`,
  * and the keeper/init of engine/process/sandbox_tree.py). Same namespaces, same view, same limits, same messages and
  * exit statuses; the process tree is keeper (this process) -> init (pid 1 of a new PID namespace) -> hook (pid 2).
  *
  * Why C: a python fork of the spawner costs its page tables and copy-on-write faults, three times per call (keeper,
  * init, the hook before its exec); this program is a few pages (docs/architecture.md, "The sandbox").
  *
- * argv: WIRE parent_pid socket_fd user_ns uid gid hide home_exists(0|1) tmp_mb seccomp(hex BPF or "")
- *       n_conceal conceal... [cgroup directory ...]
+ * It decides nothing of the policy: what it makes is what it is given (engine/process/sandbox_plan.py, encoded by
+ * engine/process/native_spare.py `spawn`), as engine/process/sandbox_mounts.py, sandbox_enter.py `enter_last` and
+ * sandbox_tree.py carry it out in python.
+ * argv: WIRE parent_pid socket_fd user_ns uid gid namespaces(CLONE_* flags) absent seccomp(hex BPF or "")
+ *       n_items steps... [cgroup directory ...]
  * user_ns: 0 (none), 1 (a new one mapping uid and gid to themselves) or @fd (the spawner's kept user namespace, its
  * subordinate ids mapped: engine/process/sandbox_userns.py; joined, then the other namespaces made in it).
- * The view is engine/process/sandbox_mounts.py's, step for step (prepare_view ahead of the call, bind_kept on it);
- * the hook's identity, capabilities and seccomp filter are engine/process/sandbox_enter.py `_enter_last`'s.
+ * absent: a path that must not exist when the call comes (a home the view did not cover), or "".
+ * steps: the view's, ahead of the call (prepare_view below); the call's directories are bound on it (bind_kept).
  * The call arrives on socket_fd: one message whose data is the encoded call's length (4 bytes, big-endian) and whose
  * SCM_RIGHTS carry stdin, stdout, stderr, the exec error pipe and, optionally, a network namespace; then the encoded
  * call: NUL-terminated strings, a tag then its fields (engine/process/native_spare.py `encode_call`).
@@ -49,7 +52,7 @@
 #include <grp.h>
 
 /* The kernel's own definitions this program needs, here rather than from the linux/ headers: it builds with musl too
- * (whose static start-up is ~50 µs where glibc's asks the CPU for its caches, ~600 µs in a VM, per spawn). */
+ * (whose static start-up does not ask the CPU for its caches, as a static glibc's does on every spawn). */
 #define CAP_VERSION_3 0x20080522 /* linux/capability.h */
 struct cap_header { uint32_t version; int pid; };
 struct cap_data { uint32_t effective, permitted, inheritable; };
@@ -68,7 +71,7 @@ struct bpf_prog { unsigned short len; struct bpf_insn8 *filter; };
 #define SYS_close_range 436
 #endif
 
-#define WIRE "lfspare/3"
+#define WIRE "lfspare/4"
 #define READY "R" /* never the first byte of a wait status (low byte: 0, or a signal below 65) */
 #define SETUP_FAILED 126
 #define MAX_FDS 8
@@ -77,7 +80,7 @@ struct bpf_prog { unsigned short len; struct bpf_insn8 *filter; };
 #define MAX_COVERS 64
 #define MAX_MOUNTS 1024
 
-static const char *hide = "";
+static const char *absent = ""; /* must not exist when the call comes (a home the view did not cover) */
 
 /* ---- small utilities ---------------------------------------------------------------------------------------- */
 
@@ -280,112 +283,114 @@ static int read_only_mounts(const char **what) {
     return rc;
 }
 
-/* ---- the view, ahead of the call: private /tmp and /dev/shm, covers, read-only everything ------------------- */
+/* ---- the view, ahead of the call: the plan's steps ---------------------------------------------------------- */
 
+/* The steps are engine/process/sandbox_plan.py's, decided there (what is covered, masked, made private, in which
+ * order) and encoded by engine/process/native_spare.py `encode_plan`; this program only carries them out, as
+ * engine/process/sandbox_mounts.py `prepare_view` does:
+ *   C dir            an empty tmpfs over dir (sealed read-only by R), dir reachable below it through a descriptor
+ *   M file dir       an unreadable empty file made in dir (a tmpfs of the view, still writable) bound over file
+ *   R                every mount read-only, the covers and masks made so far sealed
+ *   T dir size_mb    a private tmpfs the hook may write
+ *   S path           a mask made after R made read-only
+ * A step it does not know fails the spare (the call then goes to a python child). */
 #define COVER_FLAGS (MS_NOSUID | MS_NODEV | MS_NOEXEC)
 #define MASK ".librefang-mask"
-static const char *private_dirs[] = {"/tmp", "/dev/shm"};
 
-static struct { const char *path; int fd; int sealed; } covers[MAX_COVERS + 2]; /* fd: as it is under its cover */
+/* covers: what was covered (C, sealed) or made private (T), with a descriptor on it as it is below */
+static struct { const char *path; int fd; int sealed; } covers[MAX_COVERS + 2];
 static int n_covers;
+static const char *unsealed[MAX_COVERS * 2]; /* covers and masks made since the last R (sealed there, the old way) */
+static int n_unsealed;
 
 static int is_dir(const char *path) {
     struct stat st;
     return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static int is_file(const char *path) {
-    struct stat st;
-    return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 static int seal(const char *path, int read_only) {
     return mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | COVER_FLAGS | (read_only ? MS_RDONLY : 0), NULL);
 }
 
-/* Whether `path` lies below (or is) one of `tops` other than itself. */
-static int below_any(const char *path, const char **tops, int n) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(path, tops[i]) != 0 && under(path, tops[i])) return 1;
+static int add_cover(const char *path, int sealed) {
+    if (n_covers >= MAX_COVERS + 2) return -1;
+    covers[n_covers].path = path;
+    covers[n_covers].sealed = sealed;
+    return (covers[n_covers++].fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 ? -1 : 0;
+}
+
+static int note_unsealed(const char *path) {
+    if (n_unsealed >= (int)(sizeof unsealed / sizeof unsealed[0])) return -1;
+    unsealed[n_unsealed++] = path;
     return 0;
 }
 
-/* An unreadable empty file (mode 0, made in `dir`, unlinked once bound) bound over each concealed file not below an
- * outer cover, with that tmpfs's nosuid, nodev and noexec; sealed by the caller. */
-static int mask_files(const char *dir, const char **files, int n_files, const char **outer, int n_outer) {
-    char mask[4096];
-    if (snprintf(mask, sizeof mask, "%s/%s", strcmp(dir, "/") ? dir : "", MASK) >= (int)sizeof mask) return -1;
-    int made = 0;
-    for (int i = 0; i < n_files; i++) {
-        if (below_any(files[i], outer, n_outer)) continue;
-        if (!made) {
-            int fd = open(mask, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
-            if (fd < 0) return -1;
-            close(fd);
-            made = 1;
-        }
-        if (mount(mask, files[i], NULL, MS_BIND, NULL) != 0) {
-            unlink(mask);
-            return -1;
-        }
+static char mask_path[4096]; /* the mask file while masks are bound (unlinked after the last) */
+
+static void drop_mask(void) {
+    if (mask_path[0]) unlink(mask_path);
+    mask_path[0] = '\0';
+}
+
+static int mask_file(const char *file, const char *dir) {
+    char want[4096];
+    if (snprintf(want, sizeof want, "%s/%s", strcmp(dir, "/") ? dir : "", MASK) >= (int)sizeof want) return -1;
+    if (strcmp(want, mask_path) != 0) {
+        drop_mask();
+        int fd = open(want, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        close(fd);
+        snprintf(mask_path, sizeof mask_path, "%s", want);
     }
-    if (made) unlink(mask);
+    if (mount(mask_path, file, NULL, MS_BIND, NULL) != 0) return -1;
+    return note_unsealed(file);
+}
+
+static int read_only_step(void) {
+    if (fast_view) return set_attrs("/", ATTR_RDONLY, 0, 1);
+    for (int i = 0; i < n_unsealed; i++) /* (the host's mounts were remounted read-only first: prepare_view) */
+        if (seal(unsealed[i], 1) != 0) return -1;
+    n_unsealed = 0;
     return 0;
 }
 
-/* sandbox_mounts.py prepare_view. Returns 0, or -1 (the spare then exits: the call goes to a python child). */
-static int prepare_view(const char *home, char **conceal, int n_conceal, long tmp_mb) {
+/* sandbox_mounts.py prepare_view: `steps` (n items) carried out in order. Returns 0, or -1 (the spare then exits:
+ * the call goes to a python child). */
+static int prepare_view(char **steps, int n) {
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -1; /* nothing here reaches the service */
-    const char *dirs[MAX_COVERS + 1], *files[MAX_COVERS], *outer[MAX_COVERS + 3];
-    int n_dirs = 0, n_files = 0, n_outer = 0;
-    for (int i = 0; i < n_conceal && i < MAX_COVERS; i++) {
-        if (is_dir(conceal[i])) dirs[n_dirs++] = conceal[i];
-        else if (is_file(conceal[i])) files[n_files++] = conceal[i];
-    }
-    if (home[0] && is_dir(home)) dirs[n_dirs++] = home;
-    for (int i = 0; tmp_mb > 0 && i < 2; i++) outer[n_outer++] = private_dirs[i];
-    for (int i = 0; i < n_dirs; i++) outer[n_outer++] = dirs[i];
-    for (int i = 0; tmp_mb > 0 && i < 2; i++)
-        if (is_dir(private_dirs[i])) {
-            covers[n_covers].path = private_dirs[i];
-            covers[n_covers].sealed = 0;
-            if ((covers[n_covers++].fd = open(private_dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
-        }
-    int first_dir = n_covers;
-    for (int i = 0; i < n_dirs; i++) {
-        int dup = 0;
-        for (int j = first_dir; j < n_covers; j++) dup |= strcmp(covers[j].path, dirs[i]) == 0;
-        if (dup || below_any(dirs[i], outer, n_outer)) continue;
-        covers[n_covers].path = dirs[i];
-        covers[n_covers].sealed = 1;
-        if ((covers[n_covers++].fd = open(dirs[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
-    }
-    /* With mount_setattr: the covers and masks first, then one call makes everything read-only, them included;
-     * without: each mount remounted read-only first (their flags noted, for the binds), then each cover sealed. */
+    /* Without mount_setattr the read-only pass is split: the host's mounts are remounted read-only now, before
+     * anything is stacked on them (their flags noted, for the binds), the covers and masks sealed at R. */
     fast_view = set_attrs("/", 0, 0, 0) == 0;
     const char *what = NULL;
     if (!fast_view && read_only_mounts(&what) != 0) return -1;
-    for (int i = first_dir; i < n_covers; i++)
-        if (mount("tmpfs", covers[i].path, "tmpfs", COVER_FLAGS, "mode=0755,size=64k") != 0) return -1;
-    if (first_dir < n_covers && mask_files(covers[first_dir].path, files, n_files, outer, n_outer) != 0) return -1;
-    if (fast_view) {
-        if (set_attrs("/", ATTR_RDONLY, 0, 1) != 0) return -1;
-    } else {
-        for (int i = first_dir; i < n_covers; i++)
-            if (seal(covers[i].path, 1) != 0) return -1;
-        for (int i = 0; first_dir < n_covers && i < n_files; i++)
-            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0;) {
+        const char *tag = steps[i++];
+        int need = !strcmp(tag, "M") || !strcmp(tag, "T") ? 2 : !strcmp(tag, "R") ? 0 : 1;
+        if (i + need > n) return -1;
+        if (tag[0] != 'M') drop_mask();
+        if (!strcmp(tag, "C")) {
+            rc = add_cover(steps[i], 1);
+            if (rc == 0) rc = mount("tmpfs", steps[i], "tmpfs", COVER_FLAGS, "mode=0755,size=64k");
+            if (rc == 0) rc = note_unsealed(steps[i]);
+        } else if (!strcmp(tag, "M")) {
+            rc = mask_file(steps[i], steps[i + 1]);
+        } else if (!strcmp(tag, "R")) {
+            rc = read_only_step();
+        } else if (!strcmp(tag, "T")) {
+            char data[64];
+            snprintf(data, sizeof data, "mode=1777,size=%ldm", atol(steps[i + 1]));
+            rc = add_cover(steps[i], 0);
+            if (rc == 0) rc = mount("tmpfs", steps[i], "tmpfs", MS_NOSUID | MS_NODEV, data);
+        } else if (!strcmp(tag, "S")) {
+            rc = seal(steps[i], 1);
+        } else {
+            rc = -1;
+        }
+        i += need;
     }
-    char data[64];
-    snprintf(data, sizeof data, "mode=1777,size=%ldm", tmp_mb);
-    for (int i = 0; i < first_dir; i++) /* after: the hook's to write */
-        if (mount("tmpfs", covers[i].path, "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return -1;
-    if (first_dir == n_covers && n_files) { /* no cover to make the mask in: on the private /tmp, sealed each */
-        if (mask_files("/tmp", files, n_files, outer, n_outer) != 0) return -1;
-        for (int i = 0; i < n_files; i++)
-            if (!below_any(files[i], outer, n_outer) && seal(files[i], 1) != 0) return -1;
-    }
-    return 0;
+    drop_mask();
+    return rc;
 }
 
 static int deepest_cover(const char *path, int want_fd) {
@@ -731,11 +736,11 @@ static void empty_bounding_set(void) {
 
 /* The call's part of the view (its directories bound back, network), then the hook's own limits, identity,
  * capabilities, seccomp filter, stdio and exec. */
-static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
+static void run_call(struct call *c, int *fds, int n_fds) {
     if (n_fds < 4) _exit(0);
     call_stderr = fds[2];
     int exec_error;
-    if (!home_exists && hide[0] && is_dir(hide)) fail("%s appeared after this sandbox was prepared: not covered", hide);
+    if (absent[0] && is_dir(absent)) fail("%s appeared after this sandbox was prepared: not covered", absent);
     bind_kept(c);
     if (c->new_net) {
         if (c->netns_index >= 0) { /* the plugin's own empty network namespace, kept by the spawner */
@@ -786,21 +791,21 @@ static void run_call(struct call *c, int *fds, int n_fds, int home_exists) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], INIT_WIRE)) return init_main(argc, argv);
-    if (argc < 12 || strcmp(argv[1], WIRE) != 0) return 2;
+    if (argc < 11 || strcmp(argv[1], WIRE) != 0) return 2;
     pid_t parent = (pid_t)atoi(argv[2]);
-    int sock = atoi(argv[3]), user_ns = argv[4][0] == '1', home_exists = argv[8][0] == '1';
+    int sock = atoi(argv[3]), user_ns = argv[4][0] == '1';
     int kept_userns = argv[4][0] == '@' ? atoi(argv[4] + 1) : -1;
-    long tmp_mb = atol(argv[9]);
-    int n_conceal = atoi(argv[11]);
-    if (n_conceal < 0 || n_conceal > MAX_COVERS || 12 + n_conceal > argc || parse_filter(argv[10]) != 0) return 2;
-    char **conceal = argv + 12;
-    hide = argv[7];
+    int namespaces = atoi(argv[7]);
+    absent = argv[8];
+    int n_items = atoi(argv[10]);
+    if (n_items < 0 || 11 + n_items > argc || parse_filter(argv[9]) != 0) return 2;
+    char **steps = argv + 11;
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* the spawner's ignored signals are inherited */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     close_all_but(3, sock, kept_userns);
-    for (int i = 12 + n_conceal; i < argc; i++) { /* first: everything this process starts is counted */
+    for (int i = 11 + n_items; i < argc; i++) { /* first: everything this process starts is counted */
         char path[4096];
         snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]);
         if (write_file(path, "0") != 0) _exit(0);
@@ -811,8 +816,7 @@ int main(int argc, char **argv) {
         if (setns(kept_userns, CLONE_NEWUSER) != 0) _exit(0);
         close(kept_userns);
     }
-    if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (user_ns ? CLONE_NEWUSER : 0)) != 0)
-        _exit(0);
+    if (unshare(namespaces | (user_ns ? CLONE_NEWUSER : 0)) != 0) _exit(0);
     if (user_ns) {
         char map[64];
         if (write_file("/proc/self/setgroups", "deny") != 0) _exit(0);
@@ -821,7 +825,7 @@ int main(int argc, char **argv) {
         snprintf(map, sizeof map, "%s %s 1", argv[6], argv[6]);
         if (write_file("/proc/self/gid_map", map) != 0) _exit(0);
     }
-    if (prepare_view(home_exists ? hide : "", conceal, n_conceal, tmp_mb) != 0) _exit(0);
+    if (prepare_view(steps, n_items) != 0) _exit(0);
     int status_pipe[2];
     if (pipe2(status_pipe, O_CLOEXEC) != 0) _exit(0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -849,6 +853,6 @@ int main(int argc, char **argv) {
         call_stderr = n_fds > 2 ? fds[2] : -1;
         fail("the call could not be read");
     }
-    run_call(c, fds, n_fds, home_exists);
+    run_call(c, fds, n_fds);
     return 0;
 }

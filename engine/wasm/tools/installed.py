@@ -48,7 +48,8 @@ class InstalledTool:
 
 
 @contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def tools_locked(root: Path) -> Iterator[None]:
+    """The tools directory's lock held (flock): one change of what is installed at a time, across processes."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / LOCK_FILE, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -65,7 +66,7 @@ def remove(home: Home, tool_id: str, version: str | None = None) -> int:
     if not ID_RE.match(tool_id) or (version is not None and (not VERSION_RE.match(version) or ".." in version)):
         raise ToolError(f"unknown tool {tool_id!r}", code="not_found", status=404)
     root = home.tools_dir
-    with _locked(root):
+    with tools_locked(root):
         base = root / tool_id
         if not base.is_dir():
             return 0
@@ -80,7 +81,7 @@ def remove(home: Home, tool_id: str, version: str | None = None) -> int:
         if not base.exists():
             state = load_state(home)
             state.get("plugins", {}).pop(tool_id, None)
-            _save_state(home, state)
+            save_state(home, state)
         return count
 
 
@@ -95,7 +96,8 @@ def load_state(home: Home) -> dict[str, Any]:
     return data
 
 
-def _save_state(home: Home, state: dict[str, Any]) -> None:
+def save_state(home: Home, state: dict[str, Any]) -> None:
+    """The tools' state file replaced whole (written beside it, renamed into place); hold `tools_locked`."""
     path = home.tools_dir / STATE_FILE
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
@@ -104,14 +106,14 @@ def _save_state(home: Home, state: dict[str, Any]) -> None:
 
 def set_enabled(home: Home, tool_id: str, enabled: bool) -> InstalledTool:
     tool = get_tool(home, tool_id)
-    with _locked(home.tools_dir):
+    with tools_locked(home.tools_dir):
         state = load_state(home)
         entry = state.setdefault("plugins", {}).get(tool_id)
         if entry is None:  # installed by copying files: create the entry rather than fail like AgentZero
             entry = {"version": tool.version, "installed_at": None, "source": "manual"}
             state["plugins"][tool_id] = entry
         entry["enabled"] = enabled
-        _save_state(home, state)
+        save_state(home, state)
     return get_tool(home, tool_id)
 
 
@@ -219,7 +221,8 @@ def refresh_info(tool: InstalledTool, policy: WasmPolicy) -> dict[str, Any]:
     return info
 
 
-def _refresh_if_stale(tool: InstalledTool, sha: str, policy: WasmPolicy) -> None:
+def refresh_if_stale(tool: InstalledTool, sha: str, policy: WasmPolicy) -> None:
+    """`refresh_info` unless what is stored describes the module of `sha` already."""
     try:
         stored = json.loads(info_path(tool).read_text())
     except (OSError, ValueError):

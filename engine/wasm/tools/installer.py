@@ -21,7 +21,7 @@ from engine.home import Home
 from engine.wasm.abi import first_line
 from engine.wasm.compile_cache import get_engine
 from engine.wasm.policy import WasmPolicy
-from engine.wasm.tools.installed import InstalledTool, _locked, _save_state, get_tool, load_state
+from engine.wasm.tools.installed import InstalledTool, get_tool, load_state, save_state, tools_locked
 from engine.wasm.tools.manifest import MAX_PACKAGE_BYTES, ToolError, parse_manifest
 
 # Unpacking limits, checked against each member's declared size BEFORE its bytes are read, and against what is
@@ -281,7 +281,7 @@ def install_file(home: Home, archive: Path, source: str = "local",
             wasmtime.Module.validate(get_engine(), wasm_path.read_bytes())
         except wasmtime.WasmtimeError as exc:
             raise ToolError(f"`{manifest.wasm_file}` is not a valid wasm module: {first_line(exc)}") from exc
-        with _locked(root):
+        with tools_locked(root):
             target = root / manifest.id / manifest.version
             tmp = root / manifest.id / f".tmp-{manifest.version}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -294,7 +294,7 @@ def install_file(home: Home, archive: Path, source: str = "local",
             state = load_state(home)
             state.setdefault("plugins", {})[manifest.id] = {"version": manifest.version, "enabled": True,
                                                              "installed_at": str(int(time.time())), "source": source}
-            _save_state(home, state)
+            save_state(home, state)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return get_tool(home, manifest.id)

@@ -19,7 +19,7 @@ from engine.wasm.compile_cache import load_module
 from engine.wasm.execution import decode_output
 from engine.wasm.execution import execute as run_module
 from engine.wasm.policy import WasmPolicy, policy_for
-from engine.wasm.tools.installed import _refresh_if_stale, get_tool
+from engine.wasm.tools.installed import get_tool, refresh_if_stale
 from engine.wasm.tools.manifest import ToolError
 
 
@@ -97,7 +97,7 @@ def execute(home: Home, tool_id: str, input_text: str, *, policy: WasmPolicy | N
                 return failed(HASH_MISMATCH, message + "; refused to run")
             warnings.append(message)
             log(f"[WARN] {message}; running anyway")
-        _refresh_if_stale(tool, compiled.sha256, policy)
+        refresh_if_stale(tool, compiled.sha256, policy)
         workspace = workspace_for(home, policy)
         workspace.mkdir(parents=True, exist_ok=True)
         source_env = os.environ if environ is None else environ
