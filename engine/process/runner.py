@@ -233,7 +233,7 @@ def _prepare_dirs(call: HookCall, script: Path, ids: tuple[int, int] | None) -> 
 
 
 class EnterSandbox:
-    """The preexec function of a spawned hook: engine.sandbox.enter, or exit 126 with the reason on stderr."""
+    """The preexec function of a spawned hook: engine/process/sandbox_enter.py `enter`, or exit 126 with the reason on stderr."""
 
     __slots__ = ("spec", "parent")
 
