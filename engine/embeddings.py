@@ -1,8 +1,8 @@
 """Embeddings for the default engine's recall: one small port and two providers.
 
 - `WordLlamaEmbedder`, the default: wordllama's 256-dimension static token embeddings, whose weights and tokenizer
-  ship inside the PyPI wheel, so it works offline on a CPU with no configuration. It loads on first use (~0.7 s,
-  ~65 MB) and embeds a sentence in ~0.1 ms, so a web or worker process that never recalls never pays for it.
+  ship inside the PyPI wheel, so it works offline on a CPU with no configuration. It loads on first use, so a web or
+  worker process that never recalls never pays its load time or memory (docs/recall.md, "Choosing the model").
 - `OpenAICompatibleEmbedder`: POST {url}/embeddings (OpenAI, Ollama, vLLM, text-embeddings-inference, LiteLLM), the
   key read from the environment variable that `[embeddings] api_key_env` names.
 

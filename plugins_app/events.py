@@ -30,10 +30,10 @@ TAIL_LEN = 500  # lines kept per plugin (and for "all") for reconnecting browser
 ALL = "_all"
 BATCH_MAX = 200
 QUEUE_MAX = 50_000  # beyond this, lines are dropped and counted (never silently)
-# A hook's line is most often followed by its answer within a millisecond or two: publishing at once took the
-# worker's GIL and a core just as the answer was being handed back.
-# Waiting this long first moves that work past the answer (warm REST call p50 -0.47 ms, bench/README.md) and
-# batches a flood of lines; a browser sees a line this much later.
+# A hook's line is most often followed closely by its answer: publishing at once would take the worker's GIL and
+# a core just as the answer is being handed back.
+# Waiting this long first moves that work past the answer (see bench/README.md) and batches a flood of lines; a
+# browser sees a line this much later.
 LINGER_SECS = 0.005
 _GROUP_OK = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 

@@ -21,7 +21,7 @@ from engine.plugins.manifest import NAME_RE
 
 SKIP_NAMES = {".git", "__pycache__", ".disabled", ".DS_Store"}
 # What one plugin may bring, however it comes (a directory, a git checkout, a registry): the caps hold before
-# anything is written (a git tree is measured before it is checked out: a 412 kB repository can expand to 2 GB).
+# anything is written (a git tree is measured before it is checked out: a small clone can expand to far more).
 MAX_FILES = 5000
 MAX_FILE_BYTES = 50 * 1024 * 1024
 MAX_TOTAL_BYTES = 200 * 1024 * 1024

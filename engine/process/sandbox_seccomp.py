@@ -36,9 +36,9 @@ NEW_USER_NAMESPACE = ("clone", "unshare")
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_CMP_MASKED_EQ = 7
-# SCMP_FLTATR_CTL_OPTIMIZE = 2 (libseccomp >= 2.5): the syscall numbers as a binary tree instead of one comparison
-# after another. Same decisions; loading it costs the kernel ~40 µs instead of ~110, since the kernel runs the filter
-# once per syscall number to find the ones it always allows (seccomp's action cache), with the filter's lock held.
+# SCMP_FLTATR_CTL_OPTIMIZE set to 2 (libseccomp >= 2.5): the syscall numbers as a binary tree instead of one
+# comparison after another. Same decisions, and a shorter load: the kernel runs the filter once per syscall number to
+# find the ones it always allows (seccomp's action cache), with the filter's lock held.
 _SCMP_FLTATR_CTL_OPTIMIZE = 8
 _BINARY_TREE = 2
 PR_SET_SECCOMP = 22

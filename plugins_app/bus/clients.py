@@ -79,9 +79,9 @@ async def subscribe_forever(r: aredis.Redis, channel: str, *, on_message: Callab
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if task is not None and task.cancelling():
-                    # redis-py's get_message can return although this task was cancelled (seen when a websocket
-                    # joined and left a live feed at once: tests/app/test_consumers_dashboard.py hung at teardown
-                    # 1 run in 2); without this check the loop would never end
+                    # redis-py's get_message can return although this task was cancelled (a websocket that joins
+                    # and leaves a live feed at once: tests/app/test_consumers_dashboard.py); without this check the
+                    # loop would never end
                     raise asyncio.CancelledError
                 if msg is not None and msg.get("type") == "message":
                     on_message(msg["data"])

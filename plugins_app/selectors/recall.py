@@ -33,7 +33,9 @@ from plugins_app.selectors.memories import (
 )
 
 log = logging.getLogger("librefang.memory")
-MIN_COSINE = 0.0  # a vector pointing away from the query is no candidate (0.05 cost 4 points of recall@5 on the bench)
+# A vector pointing away from the query is no candidate; a higher floor would drop memories recall should find
+# (bench/recall/run.py measures it).
+MIN_COSINE = 0.0
 
 
 @dataclass

@@ -190,9 +190,8 @@ class OutcomeWriter:
     QUEUE_MAX = 1000
     BATCH_MAX = 500
     # Wait this long after an outcome for more to share its batch: a write at once (an INSERT, a commit, a Redis
-    # round trip) competed for a core with the web tier handing the reply back (warm REST p50 -0.2 to -0.3 ms,
-    # bench/README.md), and under load fewer, larger batches cost less per job (16 agents' cold calls: 0.46 ms of
-    # this thread's CPU per job at 20 ms, 0.30 at 50). A crash meanwhile leaves those jobs pending: they are
+    # round trip) would compete for a core with the web tier handing the reply back, and under load fewer, larger
+    # batches cost less per job (see bench/README.md). A crash meanwhile leaves those jobs pending: they are
     # redelivered and find no JobRecord, as for a crash before their outcome.
     LINGER_SECS = 0.05
 

@@ -89,8 +89,8 @@ class Command(BaseCommand):
 
         data_disks.mount_installed()  # what plugins kept, where the service looks (plugins_app/services/data_disks.py)
         get_engine()  # build caches before the first job
-        # Start-up's objects live as long as the worker: out of the cyclic collector, so a full collection walks only
-        # what came after (not ~200k objects, ≈150 ms holding the GIL while hooks run; see librefang_site/web.py).
+        # Start-up's objects live as long as the worker: out of the cyclic collector, so a full collection (the GIL
+        # held, hooks waiting) walks only what came after, not every object start-up made (see librefang_site/web.py).
         gc.collect()
         gc.freeze()
         threading.Thread(target=self._beat, args=(loop, concurrency), name="heartbeat", daemon=True).start()
