@@ -20,7 +20,9 @@ def service_state(request) -> dict:
     (plugins_app/selectors/health.py outages)."""
     if request.path.startswith("/api/"):
         return {}
-    return {"outages": health.outages(_redis_ok)}
+    found = health.outages(_redis_ok)
+    # While Redis is down no plugin serves (agents get the default engine): badges that would say "serving" say so.
+    return {"outages": found, "redis_down": any(o["what"] == "redis" for o in found)}
 
 
 def _redis_ok() -> bool:

@@ -286,3 +286,25 @@ def test_it_renders_pages_for_a_plugin_whose_manifest_is_broken(client, home, ow
     assert "invalid" in html and "version = [oops" in html
     assert client.get("/doctor/").status_code == 200
     assert client.post("/plugins/wrecked/reload/", HTTP_HX_REQUEST="true").status_code == 200
+
+
+def test_it_says_no_plugin_serves_and_workers_are_unknown_while_redis_is_down(client, home, owner, settings,
+                                                                               monkeypatch):
+    """With Redis unreachable agents get the default engine and the workers' heartbeats cannot be read: no badge says
+    "serving" and no panel says "no worker is running" (a worker may well be)."""
+    from plugins_app.selectors import health
+
+    make_plugin(home.plugins_dir, "steady", {"ingest": PY_ECHO_INGEST})
+    write_config(home.root, plugin="steady")
+    assert 'data-state="serving"' in client.get("/").content.decode()  # the same page with Redis up
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    monkeypatch.setattr(health, "_outage_cache", (0.0, []))
+    listing = client.get("/").content.decode()
+    assert 'data-state="serving"' not in listing and 'data-state="serving-paused"' in listing
+    assert "serving agents:" not in listing and "in the chain: steady" in listing
+    assert 'data-state="serving"' not in client.get("/plugins/steady/").content.decode()
+    engine = client.get("/engine/").content.decode()
+    assert 'class="badge ok">serving<' not in engine and "data-layer-paused" in engine
+    assert "Serving agents now: <strong>the built-in default engine</strong>" in engine
+    panel = client.get("/engine/health/").content.decode()
+    assert "data-workers-unknown" in panel and "no worker is running" not in panel

@@ -128,8 +128,13 @@ def test_it_renders_every_page_with_a_banner_while_redis_is_down(redis_service, 
         page.goto(service.url + "/engine/")
         page.wait_for_selector("#engine-health .badge.bad", timeout=WAIT_MS)
         assert "unreachable" in page.inner_text("#engine-health")
+        # The worker is alive; with its heartbeat out of reach the page says it cannot tell, not "no worker".
+        assert page.locator("#engine-health [data-workers-unknown]").count() == 1
+        assert page.locator("[data-layer-paused]").count() == 1  # the chain's plugin is not "serving"
         _shot(page, screenshot_dir, "redis-down-engine")
         page.goto(service.url + "/plugins/steady/")
+        assert page.locator('[data-state="serving"]').count() == 0
+        assert page.locator('[data-state="serving-paused"]').count() == 1
         _shot(page, screenshot_dir, "redis-down-plugin")
         status, body = service.hook("after_turn", {"agent_id": "a", "messages": [{"role": "user", "content": "x"}]})
         assert status == 503 and body["error"]["code"] == "bus_unavailable"  # what the banner says agents get
