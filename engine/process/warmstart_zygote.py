@@ -335,6 +335,7 @@ def main(exec_mode=False):
     """Serve python hooks (the zygote) or, with `exec_mode`, exec any hook's program (engine/process/hook_spawner.py: the
     worker never forks itself for a cold hook). Returns in a child, with its spec."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
+    _child.forget_inherited_signals()
     problem = None if exec_mode else _check_preloaded()
     sandbox = None
     if not problem:

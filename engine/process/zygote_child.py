@@ -103,14 +103,33 @@ def prepared_spare(sock, shape, zygote_pid, sandbox, rehearse=None, plan=None):
     return spec, exec_error
 
 
-def exec_hook(spec, exec_error):
-    """Exec mode: become the hook's own program, as subprocess.Popen's child does (signals Python ignores back to
-    their defaults). An exec failure goes back to the worker as an errno on the exec error pipe."""
+def forget_inherited_signals():
+    """Signals the service was started with ignored (`nohup librefang start` ignores SIGHUP) back to their
+    defaults, in the zygote before its first child: what a hook gets never depends on how the service was started,
+    and a warm hook gets what a cold one does (native/spare.c resets every signal before its exec). Python's own
+    stay as a fresh interpreter sets them: SIGPIPE and SIGXFSZ ignored, SIGINT raising KeyboardInterrupt."""
     import signal
 
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    own = {signal.SIGPIPE, signal.SIGXFSZ}
+    for sig in signal.valid_signals():
+        try:
+            if sig not in own and signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP and the C library's own
+            pass
+
+
+def exec_hook(spec, exec_error):
+    """Exec mode: become the hook's own program with every signal at its default, as native/spare.c execs one (so
+    SIGPIPE and SIGXFSZ, which Python ignores, too). An exec failure goes back to the worker as an errno on the exec
+    error pipe."""
+    import signal
+
+    for sig in signal.valid_signals():
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP and the C library's own
+            pass
     argv = spec["argv"]
     try:
         os.execve(argv[0], argv, spec["sandbox"]["env"])

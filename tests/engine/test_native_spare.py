@@ -4,11 +4,14 @@ python spare it replaces. The hostile-hook tests of tests/engine/test_sandbox.py
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -287,3 +290,40 @@ def test_a_native_spare_that_cannot_prepare_leaves_the_call_to_a_python_child(tm
         assert r.ok, (r.failure, r.stderr)
         assert r.stdout.strip() not in (program, str(broken))
     assert len(started.read_text().splitlines()) <= 4  # after 3 failures in a row the spawner stopped trying
+
+
+SIGNALS_PROBE = ("import json, signal, sys\nsys.stdin.read()\n"
+                 "print(json.dumps({s: repr(signal.getsignal(getattr(signal, s))) for s in "
+                 "('SIGHUP', 'SIGINT', 'SIGPIPE', 'SIGXFSZ', 'SIGUSR1', 'SIGTERM')}))\n")
+
+
+def test_a_hook_gets_default_signals_whatever_the_service_was_started_with(tmp_path, monkeypatch, program):
+    """`nohup librefang start` ignores SIGHUP in the service; no hook inherits that, warm, below the native spare or
+    below the python one: each gets what a fresh python started with default signals has."""
+    home = tmp_path / "lfhome"
+    pdir = _plugin(home, SIGNALS_PROBE)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        seen = {}
+        for mode in ("warm", "native", "python"):
+            warmstart.shutdown()  # the zygote and the spawner start again, from this process as it is now
+            for _ in range(3):  # the last calls run in prepared spares
+                if mode == "warm":
+                    monkeypatch.setenv("LIBREFANG_WARM_START", "1")
+                    r = PROCESS.run(HookCall(plugin_dir=pdir, script="hooks/hook.py", runtime=resolve_tag("python"),
+                                             request={}, timeout_secs=30, data_dir=home / "plugin_data" / "probe",
+                                             home_dir=home))
+                else:
+                    r = _cold(monkeypatch, mode == "native", pdir, home)
+                assert r.ok, (mode, r.failure, r.stderr)
+            seen[mode] = r.reply
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    fresh = json.loads(subprocess.run([sys.executable, "-c", SIGNALS_PROBE], input="", capture_output=True,
+                                      text=True, check=True, restore_signals=True, preexec_fn=_default_sighup).stdout)
+    assert fresh["SIGHUP"] == "<Handlers.SIG_DFL: 0>"
+    assert seen == {"warm": fresh, "native": fresh, "python": fresh}
+
+
+def _default_sighup():
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
