@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.process import data_disks
 from librefang_site.cli import access_log_args
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,18 +88,11 @@ class LiveService:
         self.workers.remove(proc)
 
     def wait_healthy(self, workers: int = 1, timeout: float = 30) -> dict:
-        end = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < end:
-            try:
-                status, body = self.request("GET", "/api/health", auth=False)
-                last = body
-                if status == 200 and len(body.get("workers", [])) >= workers:
-                    return body
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"service not healthy in {timeout}s: {last}; logs in {self.logs}")
+        _, body = wait_until(lambda: self.request("GET", "/api/health", auth=False), timeout,
+                             f"the service healthy with {workers} worker(s) (logs in {self.logs})",
+                             until=lambda seen: seen[0] == 200 and len(seen[1].get("workers", [])) >= workers,
+                             ignoring=(urllib.error.URLError, ConnectionError, OSError))
+        return body
 
     def stop(self) -> None:
         for proc in [*self.workers, self.web]:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import secrets
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from engine.process import sandbox
 from tests.e2e.live import REPO, LiveService
 from tests.plugin_factory import make_plugin, write_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sandbox.mode() != "root",
                                 reason="the service must run as root with namespaces (as CI does)")
@@ -134,10 +134,13 @@ reply()
 """
     seen = call(service, f"shm-{warm}", src, {"key": key, "marker": marker}, warm=warm)
     assert seen["shmget"] >= 0 and seen["posix"] == "done", seen  # both made, in the hook's own namespaces
-    time.sleep(0.5)
-    keys = [int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
-    assert key not in keys
-    assert not os.path.exists(f"/dev/shm/{marker}")
+
+    def left() -> dict:
+        keys = [int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
+        return {"sysv": key in keys, "posix": os.path.exists(f"/dev/shm/{marker}")}
+
+    # (a segment in the host's namespace would stay: a leak times out)
+    wait_until(left, 10, "no shared memory of the hook's on the host", until=lambda seen: not any(seen.values()))
 
 
 @WARMTH
@@ -149,9 +152,9 @@ subprocess.Popen(["sleep", "31." + req["stamp"]])
 reply()
 """
     call(service, f"sleeper-{warm}", src, {"stamp": stamp}, warm=warm)
-    time.sleep(1.5)
-    alive = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, f"31.{stamp}")]
-    assert alive == []
+    # (well within the sleep's 31 s: a survivor is still there when the wait gives up)
+    wait_until(lambda: [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, f"31.{stamp}")],
+               10, f"the hook's `sleep 31.{stamp}` gone with its call", until=lambda pids: not pids)
 
 
 def _cmdline_has(pid: str, text: str) -> bool:

@@ -24,6 +24,7 @@ from engine.plugins.lint import lint_plugin
 from engine.process import native_spare, runner, sandbox, sandbox_libc, warmstart
 from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(sandbox.mode() is None, reason="this OS refuses namespaces to the tests")
 
@@ -119,10 +120,8 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def gone(marker: str, within: float = 5.0) -> bool:
-    end = time.monotonic() + within
-    while marked_pids(marker) and time.monotonic() < end:
-        time.sleep(0.05)
-    return not marked_pids(marker)
+    return wait_until(lambda: marked_pids(marker), within, f"every process marked {marker} gone",
+                      until=lambda pids: not pids) == []
 
 
 # ---- files: $LIBREFANG_HOME holds only the plugin's own directories -------------------------------------------
@@ -497,15 +496,11 @@ def test_the_per_call_cgroups_are_removed_after_the_call(home, mode):
         assert PROCESS.run(call(home, "import sys\nsys.stdin.read()\nprint('{}')\n")).ok
     helpers = warmstart.helper_pids()
     assert bool(helpers) == (mode != "worker-spawned")
-    end = time.monotonic() + 10
-    while time.monotonic() < end and len(ours()) > len(helpers):
-        time.sleep(0.02)
-    assert len(ours()) <= len(helpers), ours()  # the spares' cgroups (one name across hierarchies) and nothing else
+    # the spares' cgroups (one name across hierarchies) and nothing else
+    wait_until(ours, 10, f"the calls' cgroups removed, at most {len(helpers)} left (the spares')",
+               until=lambda names: len(names) <= len(helpers))
     warmstart.shutdown()
-    end = time.monotonic() + 10
-    while time.monotonic() < end and ours():
-        time.sleep(0.02)
-    assert not ours()
+    wait_until(ours, 10, "every cgroup of ours removed once the helpers stopped", until=lambda names: not names)
 
 
 # ---- where the OS refuses namespaces: run, but say so everywhere ------------------------------------------------

@@ -21,7 +21,9 @@ from engine.plugins.catalog import Catalog
 from engine.process import sandbox, warmstart
 from engine.process.runner import PROCESS, HookCall
 from engine.process.runtimes import resolve_tag
+from tests.engine.test_conformance_runner import marked_pids
 from tests.plugin_factory import make_plugin
+from tests.waiting import wait_until
 
 PROBE = r'''
 """probe docstring"""
@@ -195,7 +197,7 @@ def test_it_kills_the_whole_group_on_timeout(tmp_path, monkeypatch):
     marker = tmp_path / "grandchild-alive"
     pdir = _plugin(tmp_path, f"""
         import subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3); open({str(marker)!r}, 'w').write('x')"])
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60); open({str(marker)!r}, 'w').write('x')"])
         print("started", file=sys.stderr, flush=True)
         time.sleep(60)
     """)
@@ -206,7 +208,9 @@ def test_it_kills_the_whole_group_on_timeout(tmp_path, monkeypatch):
     assert not result.ok and result.failure.kind == P.TIMEOUT
     assert lines == ["started"]
     assert warmstart.zygote_pids()
-    time.sleep(3.5)
+    # Found by the marker in its command line: a survivor would still be there after the wait (it lives 60 s).
+    wait_until(lambda: marked_pids(str(marker)), 10, "the hook's grandchild killed with its group",
+               until=lambda pids: not pids)
     assert not marker.exists()
 
 
@@ -238,9 +242,7 @@ def test_it_restarts_a_dead_zygote_and_never_fails_the_call(tmp_path, monkeypatc
     assert _run(_call(pdir), True, monkeypatch).ok
     [old] = warmstart.zygote_pids()
     os.kill(old, signal.SIGKILL)
-    end = time.monotonic() + 10
-    while time.monotonic() < end and _alive(old):
-        time.sleep(0.02)
+    wait_until(lambda: not _alive(old), 10, f"the SIGKILLed zygote {old} dead")
     after_crash = _run(_call(pdir), True, monkeypatch)
     assert after_crash.ok, after_crash.failure
     again = _run(_call(pdir), True, monkeypatch)
@@ -333,11 +335,8 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
     runner_thread = threading.Thread(target=lambda: slow.append(
         _run(_call(pdir, request={"sleep": 2}), True, monkeypatch)))
     runner_thread.start()
-    end = time.monotonic() + 20
-    while time.monotonic() < end and not warmstart.zygote_pids():
-        time.sleep(0.01)
-    [first] = warmstart.zygote_pids()
-    time.sleep(0.3)  # the slow hook is running in a child of `first`
+    [first] = wait_until(warmstart.zygote_pids, 20, "the zygote of the slow call started")
+    wait_until(_served, 20, f"the slow hook forked by zygote {first}", until=lambda served: served == {first: 1})
     other = _run(_call(pdir, request={}, plugin_env={"TZ": "Pacific/Kiritimati"}), True, monkeypatch)
     assert other.ok and other.reply == {"warm": True}
     [second] = warmstart.zygote_pids()  # `first` was evicted ...
@@ -345,10 +344,7 @@ def test_it_lets_running_hooks_finish_when_a_zygote_is_evicted(tmp_path, monkeyp
     runner_thread.join(30)
     assert slow[0].ok, slow[0].failure  # ... but its running hook (forked by `first`) finished normally
     assert slow[0].reply == {"warm": True}
-    end = time.monotonic() + 10
-    while time.monotonic() < end and _alive(first):
-        time.sleep(0.05)
-    assert not _alive(first)  # and then it exited
+    wait_until(lambda: not _alive(first), 10, f"the evicted zygote {first} exited once its hook was done")
 
 
 def _children_of(pid: int) -> list[int]:
@@ -368,23 +364,26 @@ def _the_spare(zygote: int) -> int:
     """The one child the zygote forked ahead for the next call. The spare is made after the last call answered, and
     that call's keeper is reaped a little later: for a moment the only child can be the old keeper, about to exit.
     A spare stays, and in a sandbox it has its own init made ahead: wait until one such child is seen twice."""
-    end, seen = time.monotonic() + 10, None
-    while time.monotonic() < end:
+    last: list[int | None] = [None]
+
+    def probe() -> dict:
         kids = _children_of(zygote)
         ready = kids[0] if len(kids) == 1 and (_children_of(kids[0]) or sandbox.mode() is None) else None
-        if ready is not None and ready == seen:
-            return ready
-        seen = ready
-        time.sleep(0.1)
-    raise AssertionError(f"no spare child of the zygote after 10 s: children {_children_of(zygote)}")
+        steady = ready is not None and ready == last[0]
+        last[0] = ready
+        return {"children": kids, "spare": ready if steady else None}
+
+    return wait_until(probe, 10, f"one spare child of zygote {zygote}, the same in two probes 0.1 s apart",
+                      until=lambda seen: seen["spare"] is not None, every=0.1)["spare"]
 
 
 def test_it_forks_on_demand_when_the_spare_child_died(tmp_path, monkeypatch):
     pdir = _warm_probe(tmp_path)
     assert _run(_call(pdir), True, monkeypatch).ok
     [zygote] = warmstart.zygote_pids()
-    os.kill(_the_spare(zygote), signal.SIGKILL)
-    time.sleep(0.1)
+    spare = _the_spare(zygote)
+    os.kill(spare, signal.SIGKILL)
+    wait_until(lambda: not _alive(spare), 10, f"the SIGKILLed spare {spare} dead")  # a zombie until the next call
     result = _run(_call(pdir), True, monkeypatch)
     assert result.ok, result.failure
     assert result.reply == {"warm": True} and _served() == {zygote: 2}
