@@ -742,7 +742,7 @@ def table(results: dict) -> str:
     out.append("")
     out.append("throughput (calls/s), windows interleaved with direct spawns: calls/s (ratio to its direct windows;"
                " lowest-highest ratio of adjacent windows)")
-    out.append("agents | direct, cold run | REST cold (ratio; spread)   target >= 0.9 at 16 | direct, warm run "
+    out.append("agents | direct, cold run | REST cold (ratio; spread), information only     | direct, warm run "
                "| REST warm (ratio; spread)")
     for agents in (1, 4, 16):
         dc, c = results["throughput"]["direct"][agents], results["throughput"]["rest_cold"][agents]
