@@ -71,6 +71,7 @@ async def test_it_takes_the_token_from_a_bearer_header_too(home):
             await comm.disconnect()
     comm, connected, code = await _connect("/ws/stderr/", headers=[(b"authorization", f"Basic {viewer}".encode())])
     assert not connected and code == 4401  # another scheme is no token
+    await comm.disconnect()  # as every other test: a communicator left open is an application task left running
 
 
 async def test_it_refuses_an_unknown_metrics_view(home, user):
