@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from engine.process.sandbox_libc import kernel_real_path
+
 T = TypeVar("T")
 
 
@@ -49,23 +51,11 @@ class FileCache(Generic[T]):
 
 
 def real_path(path: str | os.PathLike) -> str:
-    """os.path.realpath(path), asked of the kernel when the path exists: open it O_PATH (no I/O, no side effect)
-    and read back the name of that descriptor, three syscalls where realpath lstat()s and joins every component in
-    Python (a hook call checks about nine paths this way). Anything else (a missing path, a name the kernel gives
-    as "(deleted)" or not as an absolute path) goes to realpath itself."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return os.path.realpath(path)
-    try:
-        name = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        name = ""
-    finally:
-        os.close(fd)
-    if not name.startswith("/") or name.endswith(" (deleted)"):
-        return os.path.realpath(path)
-    return name
+    """os.path.realpath(path), asked of the kernel when the path exists (engine/process/sandbox_libc.py
+    kernel_real_path: three syscalls where realpath lstat()s and joins every component in Python; a hook call checks
+    about nine paths this way). Anything else (a missing path, a name the kernel gives as "(deleted)" or not as an
+    absolute path) goes to realpath itself."""
+    return kernel_real_path(path) or os.path.realpath(path)
 
 
 def confine(root: Path, rel: str, what: str = "path", where: str = "the directory") -> Path:

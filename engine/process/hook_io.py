@@ -65,21 +65,7 @@ def communicate(proc: subprocess.Popen, payload: bytes, timeout: float, started:
     out = bytearray()
     err = bytearray()
     splitter = _LineSplitter(on_stderr)
-    sel = selectors.DefaultSelector()
-    assert proc.stdin and proc.stdout and proc.stderr
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-    sel.register(proc.stdout, selectors.EVENT_READ, "out")
-    sel.register(proc.stderr, selectors.EVENT_READ, "err")
-    if payload:
-        sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
-    else:
-        proc.stdin.close()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ, "exit")
-    except (AttributeError, OSError):
-        pidfd = None
+    sel, pidfd = _watch(proc, payload)
     written = 0
     failure: Failure | None = None
     exited_at: float | None = None
@@ -149,6 +135,33 @@ def communicate(proc: subprocess.Popen, payload: bytes, timeout: float, started:
                 pass
     splitter.flush()
     returncode = _reap(proc, deadline)
+    return _judged(failure, returncode, out, err, started, timeout)
+
+
+def _watch(proc: subprocess.Popen, payload: bytes) -> tuple[selectors.BaseSelector, int | None]:
+    """The hook's pipes, non-blocking, in a selector (stdin only while there is a request to write), and its pidfd
+    where the kernel has them (its exit wakes the loop rather than a 50 ms poll)."""
+    sel = selectors.DefaultSelector()
+    assert proc.stdin and proc.stdout and proc.stderr
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        os.set_blocking(f.fileno(), False)
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    if payload:
+        sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
+    else:
+        proc.stdin.close()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+    except (AttributeError, OSError):
+        pidfd = None
+    return sel, pidfd
+
+
+def _judged(failure: Failure | None, returncode: int | None, out: bytearray, err: bytearray, started: float,
+            timeout: float) -> HookResult:
+    """What the finished hook amounts to: the loop's failure, else its exit status, else its parsed output."""
     elapsed = (time.monotonic() - started) * 1000
     stdout = out.decode("utf-8", errors="replace")
     stderr = err.decode("utf-8", errors="replace")

@@ -34,6 +34,23 @@ class SetupError(Exception):
 _libc_handle: list = []
 
 
+def kernel_real_path(path) -> str | None:
+    """The real path of `path` as the kernel names it: open it O_PATH (no I/O, no side effect) and read back the
+    descriptor's name, three system calls where os.path.realpath lstat()s every component. None when it cannot be
+    opened or the kernel's name will not do (not absolute, or "(deleted)"): the caller decides what then."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return name if name.startswith("/") and not name.endswith(" (deleted)") else None
+
+
 def libc():
     if not _libc_handle:
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .sandbox_libc import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
+from .sandbox_libc import CLONE_NEWIPC, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, kernel_real_path
 
 # Every isolated hook's own namespaces (and its network's when it has no network): PID (nothing outlives it), mount
 # (its view), IPC (no SysV IPC shared with anyone, none left after it) and UTS.
@@ -97,22 +97,8 @@ def launcher_kept(paths) -> list:
 
 
 def _real_path(path: str) -> str | None:
-    """The real path of an existing `path` (None: there is none), asked of the kernel: open it O_PATH and read back
-    the descriptor's name, three system calls where os.path.realpath lstat()s every component (as
-    engine/filecache.py real_path does)."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        name = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        name = ""
-    finally:
-        os.close(fd)
-    if not name.startswith("/") or name.endswith(" (deleted)"):
-        return os.path.realpath(path) if os.path.exists(path) else None
-    return name
+    """The real path of an existing `path` (None: there is none), asked of the kernel (sandbox_libc.py)."""
+    return kernel_real_path(path) or (os.path.realpath(path) if os.path.exists(path) else None)
 
 
 def _kind(path: str) -> int | None:

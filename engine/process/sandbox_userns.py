@@ -129,11 +129,7 @@ def as_owner(ranges, uid: int, gid: int, fn, *args):
             code = 1
         os._exit(code)
     os.close(out_w)
-    try:
-        said = _read_all(out_r)
-    finally:
-        os.close(out_r)
-    status = wait_for(pid)
+    said, status = _outcome(out_r, pid)
     if status != 0 or not said.startswith(b"R"):
         raise OSError(said[1:].decode("utf-8", "replace") or f"exit status {status}")
     return json.loads(said[1:])
@@ -186,14 +182,19 @@ def _run(argv: list) -> None:
         os.close(err_w)
         raise SetupError(f"{os.path.basename(argv[0])}: {exc}") from None
     os.close(err_w)
-    try:
-        said = _read_all(err_r)
-    finally:
-        os.close(err_r)
-    status = wait_for(pid)
+    said, status = _outcome(err_r, pid)
     if status != 0:
         text = said.decode("utf-8", "replace").strip() or f"exit status {os.waitstatus_to_exitcode(status)}"
         raise SetupError(f"{os.path.basename(argv[0])} {' '.join(argv[2:])}: {text}")
+
+
+def _outcome(fd: int, pid: int) -> tuple[bytes, int]:
+    """What child `pid` wrote on `fd` until it closed it (then closed here), and its wait status."""
+    try:
+        said = _read_all(fd)
+    finally:
+        os.close(fd)
+    return said, wait_for(pid)
 
 
 def _read_all(fd: int) -> bytes:
