@@ -143,20 +143,31 @@ def test_it_renders_every_page_with_a_banner_while_redis_is_down(redis_service, 
         redis.start()
 
 
-def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path, browser, screenshot_dir):
-    """Under `librefang start` the supervisor reaps the worker and says so in supervisor.json; the dashboard and
-    /api/health take that over the heartbeat, which lives on for up to 6 s."""
-    import os
-    import signal
-
+@contextlib.contextmanager
+def _supervised_page(tmp_path, browser):
+    """A service under `librefang start` (tests/e2e/test_supervisor.py Supervised) and a page logged in to it; both
+    gone afterwards, whatever the test left running."""
     from tests.e2e.test_supervisor import Supervised
 
     service = Supervised(tmp_path)
     service.start()
     context = None
     try:
-        password = (service.home / "admin_password").read_text().strip()
-        context, page = _login(browser, service.url, password)
+        context, page = _login(browser, service.url, (service.home / "admin_password").read_text().strip())
+        yield service, page
+    finally:
+        if context is not None:
+            context.close()
+        service.kill_everything()
+
+
+def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path, browser, screenshot_dir):
+    """Under `librefang start` the supervisor reaps the worker and says so in supervisor.json; the dashboard and
+    /api/health take that over the heartbeat, which lives on for up to 6 s."""
+    import os
+    import signal
+
+    with _supervised_page(tmp_path, browser) as (service, page):
         page.goto(service.url + "/workers/")
         pid = service.worker_pid()
         page.wait_for_selector(f"tr[data-worker-pid='{pid}']", timeout=WAIT_MS)
@@ -171,10 +182,6 @@ def test_it_shows_a_sigkilled_worker_dead_before_its_heartbeat_expires(tmp_path,
         # what proves the supervisor's word was used: the dead worker's heartbeat had not expired yet
         assert any(w["pid"] == pid and w.get("heartbeat_age_secs", 99) < 6 for w in body["dead_workers"]), body
         _shot(page, screenshot_dir, "worker-sigkilled")
-    finally:
-        if context is not None:
-            context.close()
-        service.kill_everything()
 
 
 def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_workers_page(tmp_path, browser,
@@ -186,14 +193,7 @@ def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_w
     import signal
 
     from plugins_app.selectors.supervisor import supervisor_status
-    from tests.e2e.test_supervisor import Supervised
-
-    service = Supervised(tmp_path)
-    service.start()
-    context = None
-    try:
-        password = (service.home / "admin_password").read_text().strip()
-        context, page = _login(browser, service.url, password)
+    with _supervised_page(tmp_path, browser) as (service, page):
         killed: set[int] = set()
 
         def worker_of(doc: dict) -> dict:
@@ -240,10 +240,6 @@ def test_it_shows_a_worker_the_supervisor_gave_up_and_starts_it_again_from_the_w
         _shot(page, screenshot_dir, "worker-started-again")
         assert "SIGUSR1: starting worker 1 again (given up after 6 failed starts: SIGKILL (possibly out of memory))" \
             in service.log.read_text()
-    finally:
-        if context is not None:
-            context.close()
-        service.kill_everything()
 
 
 class Receiver:
